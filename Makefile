@@ -1,0 +1,26 @@
+# kernelrl: `make up` runs the main job, `make test` the test suite; both set up first.
+SHELL := /bin/bash
+VENV := .venv
+KRL := $(VENV)/bin/kernelrl
+PYTEST_ARGS ?=
+
+.PHONY: setup up test test-gpu bench clean
+
+setup:
+	@bash cluster/scripts/setup.sh
+
+up: setup
+	$(KRL) up $(UP_ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# On a GPU machine: the CUDA backend's tests.
+test-gpu:
+	python3 -m pytest -m gpu $(PYTEST_ARGS)
+
+bench: setup
+	$(KRL) bench bus --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,313 @@
+"""One typed configuration for every kernelrl role.
+
+Resolution order (later wins): dataclass defaults -> TOML file -> environment
+(``KRL__SECTION__FIELD=value``) -> CLI overrides (``--set section.field=value``).
+Every value is validated; errors name the field and the offending value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "KRL__"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+    retriable = False
+
+
+def _default_cache() -> str:
+    return os.environ.get("KERNELRL_CACHE", str(Path.home() / ".cache" / "kernelrl"))
+
+
+@dataclass
+class BrokerConfig:
+    """The embedded single-node Kafka (KRaft) that `kernelrl broker` manages."""
+
+    kafka_version: str = "4.1.1"
+    scala_version: str = "2.13"
+    cache_dir: str = field(default_factory=_default_cache)
+    state_dir: str = ""  # default: <cache_dir>/broker-state
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free loopback port at start
+    heap_mb: int = 512
+    start_timeout_s: float = 90.0
+
+
+@dataclass
+class BusConfig:
+    """How roles reach Kafka. Empty bootstrap_servers = the embedded broker."""
+
+    bootstrap_servers: str = ""
+    topic_prefix: str = "krl."
+    client_id: str = "kernelrl"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: str = ""
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    compression: str = "lz4"
+    linger_ms: int = 1
+    max_message_bytes: int = 16 * 1024 * 1024
+    request_timeout_s: float = 30.0
+    request_retries: int = 3
+    retry_backoff_s: float = 0.5
+    poll_timeout_ms: int = 50
+
+
+@dataclass
+class TopicsConfig:
+    """Partitions, retention and size limits of the topics of DESIGN.md."""
+
+    partitions: int = 4
+    replication_factor: int = 1
+    tool_partitions: int = 8
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    trajectory_retention_ms: int = -1  # keep trajectories forever: they are the replay log
+    trajectory_max_message_bytes: int = 16 * 1024 * 1024
+    weights_max_message_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass
+class SandboxConfig:
+    """Compile and evaluation workers (the reward oracle)."""
+
+    backend: str = "cpu"  # cpu | cuda
+    cuda_arch: str = "90"  # comma-separated SM list for nvcc, e.g. "80,90"
+    compile_timeout_s: float = 180.0
+    eval_timeout_s: float = 300.0
+    memory_limit_mb: int = 8192
+    cpu_time_limit_s: int = 600
+    file_size_limit_mb: int = 512
+    artifact_cache_dir: str = ""  # default: <broker.cache_dir>/artifacts
+    correctness_trials: int = 5
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    warmup: int = 3
+    trials: int = 20
+    lock_clocks: bool = False
+    speedup_threshold: float = 0.05
+    suspicious_speedup: float = 10.0
+    max_output_chars: int = 8000
+
+
+@dataclass
+class ActorConfig:
+    """Rollout actors."""
+
+    policy: str = "vllm"  # vllm | scripted | openai
+    model_path: str = ""  # default: a tiny model built under <cache_dir>/tiny-model
+    concurrency: int = 4
+    max_turns: int = 150
+    max_context_tokens: int = 131072
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    episode_mode: str = "multi_turn"  # multi_turn | single_turn
+    reward_from: str = "final"  # final | best
+    max_version_lag: int = 4
+    tool_timeout_s: float = 300.0
+    openai_base_url: str = ""
+    openai_model: str = ""
+    kv_cache_mb: int = 256
+
+
+@dataclass
+class LearnerConfig:
+    """DeepSpeed PPO learner."""
+
+    stage: str = "ppo"  # warmup | rft | critic | ppo
+    zero_stage: int = 1
+    dtype: str = "fp32"  # fp32 | bf16
+    actor_lr: float = 3e-6
+    critic_lr: float = 6e-6
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    value_clip: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    off_policy: str = "decoupled"  # none | tis | mask | decoupled
+    is_cap: float = 2.0
+    is_mask_low: float = 0.5
+    is_mask_high: float = 2.0
+    max_staleness: int = 4
+    batch_trajectories: int = 8
+    token_budget: int = 65536
+    publish_every: int = 1
+    checkpoint_every: int = 1
+    checkpoint_dir: str = ""  # default: <cache_dir>/learner-ckpt
+    weight_transport: str = "kafka"  # kafka | fs | nccl
+    weight_fs_dir: str = ""
+    chunk_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class ClusterConfig:
+    """`kernelrl up`: how many of each role on one machine."""
+
+    actors: int = 1
+    compile_workers: int = 1
+    eval_workers: int = 0  # 0 = one per device (one for the CPU backend)
+    task_dir: str = ""  # default: the built-in task set
+    max_steps: int = 2
+    duration_s: float = 0.0
+    report_path: str = "kernelrl-report.json"
+    log_dir: str = ""  # default: <cache_dir>/logs
+
+
+@dataclass
+class Config:
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    bus: BusConfig = field(default_factory=BusConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a logical name such as 'tool.compile'."""
+        return self.bus.topic_prefix + name
+
+
+_CHOICES = {
+    "sandbox.backend": {"cpu", "cuda"},
+    "actor.policy": {"vllm", "scripted", "openai"},
+    "actor.episode_mode": {"multi_turn", "single_turn"},
+    "actor.reward_from": {"final", "best"},
+    "learner.stage": {"warmup", "rft", "critic", "ppo"},
+    "learner.dtype": {"fp32", "bf16"},
+    "learner.off_policy": {"none", "tis", "mask", "decoupled"},
+    "learner.weight_transport": {"kafka", "fs", "nccl"},
+    "bus.compression": {"none", "gzip", "snappy", "lz4", "zstd"},
+    "bus.security_protocol": {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"},
+}
+_POSITIVE = {
+    "broker.heap_mb", "broker.start_timeout_s", "bus.max_message_bytes", "bus.request_timeout_s",
+    "topics.partitions", "topics.replication_factor", "topics.tool_partitions",
+    "topics.trajectory_max_message_bytes", "topics.weights_max_message_bytes",
+    "sandbox.compile_timeout_s", "sandbox.eval_timeout_s", "sandbox.memory_limit_mb",
+    "sandbox.correctness_trials", "sandbox.trials", "actor.concurrency", "actor.max_turns",
+    "actor.max_context_tokens", "actor.max_new_tokens", "learner.batch_trajectories",
+    "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
+}
+
+
+def _coerce(path: str, raw: typing.Any, typ: type) -> typing.Any:
+    """Turn a TOML/env/CLI value into the field's type, or raise ConfigError naming it."""
+    try:
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in {"1", "true", "yes", "on"}:
+                return True
+            if s in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError
+        if typ is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if typ is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: expected {typ.__name__}, got {raw!r}") from None
+
+
+def _sections(cfg: Config) -> dict[str, typing.Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def set_value(cfg: Config, path: str, raw: typing.Any) -> None:
+    """Set 'section.field' from a raw value, with type coercion and a clear error."""
+    section_name, _, field_name = path.partition(".")
+    sections = _sections(cfg)
+    if section_name not in sections or not field_name:
+        raise ConfigError(f"{path}: unknown config section (known: {', '.join(sections)})")
+    section = sections[section_name]
+    hints = typing.get_type_hints(type(section))
+    if field_name not in hints:
+        raise ConfigError(f"{path}: unknown field (known in [{section_name}]: {', '.join(hints)})")
+    setattr(section, field_name, _coerce(path, raw, hints[field_name]))
+
+
+def validate(cfg: Config) -> Config:
+    for path, allowed in _CHOICES.items():
+        sec, name = path.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not one of {sorted(allowed)}")
+    for path in _POSITIVE:
+        sec, name = path.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        if value <= 0:
+            raise ConfigError(f"{path}: must be > 0, got {value!r}")
+    if not 0 <= cfg.broker.port <= 65535:
+        raise ConfigError(f"broker.port: must be 0..65535, got {cfg.broker.port!r}")
+    if cfg.learner.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
+    if not 0 <= cfg.learner.lam <= 1 or not 0 <= cfg.learner.gamma <= 1:
+        raise ConfigError(f"learner.gamma/lam: must be in [0, 1], got {cfg.learner.gamma!r}/{cfg.learner.lam!r}")
+    if cfg.topics.trajectory_max_message_bytes < 8 * 1024 * 1024:
+        raise ConfigError("topics.trajectory_max_message_bytes: must be >= 8 MiB for 128k-token trajectories, "
+                          f"got {cfg.topics.trajectory_max_message_bytes!r}")
+    return cfg
+
+
+def _apply_mapping(cfg: Config, data: dict, source: str) -> None:
+    for section_name, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section_name}] must be a table, got {values!r}")
+        for key, raw in values.items():
+            set_value(cfg, f"{section_name}.{key}", raw)
+
+
+def load(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = (),
+         environ: typing.Mapping[str, str] | None = None) -> Config:
+    """Resolve the configuration: defaults, then the TOML file, env, CLI overrides."""
+    cfg = Config()
+    path = path or os.environ.get("KERNELRL_CONFIG") or None
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r}: {exc}") from None
+        _apply_mapping(cfg, data, str(p))
+    env = os.environ if environ is None else environ
+    for key, raw in sorted(env.items()):
+        if key.startswith(ENV_PREFIX):
+            parts = key[len(ENV_PREFIX):].lower().split("__")
+            if len(parts) != 2:
+                raise ConfigError(f"{key}: environment overrides look like KRL__SECTION__FIELD")
+            set_value(cfg, ".".join(parts), raw)
+    for item in overrides:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected section.field=value")
+        set_value(cfg, name.strip(), raw.strip())
+    return validate(cfg)
+
+
+def cache_path(cfg: Config, *parts: str) -> Path:
+    """A path under the shared cache directory, created on demand."""
+    p = Path(cfg.broker.cache_dir).expanduser().joinpath(*parts)
+    p.mkdir(parents=True, exist_ok=True)
+    return p

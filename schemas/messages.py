@@ -1,0 +1,240 @@
+"""Versioned message types that travel on the bus.
+
+Each type is a dataclass with a wire ``KIND`` and ``VERSION``. Numeric arrays
+are ``numpy.ndarray`` fields (sent as raw little-endian bytes with dtype and
+shape); nested types are dataclasses too. Field limits live in ``LIMITS`` and
+are checked by the codec on both encode and decode.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _i32(values=()) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
+
+
+def _f32(values=()) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+@dataclass
+class Task:
+    """One problem to roll out: a KernelBench-style reference `model.py`."""
+
+    KIND = "task"
+    VERSION = 1
+    task_id: str
+    model_py: str
+    backend: str = "cpu"  # cpu | cuda
+    level: int = 0
+    name: str = ""
+    source: str = ""  # where it came from: kernelbench, synth, ...
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestHeader:
+    """What makes a message a request: who asked, where to answer, until when."""
+
+    request_id: str = field(default_factory=new_id)
+    reply_topic: str = ""
+    reply_partition: int = 0
+    deadline_ms: int = 0  # absolute unix ms; 0 = none
+    attempt: int = 0
+    sender: str = ""
+
+
+@dataclass
+class CompileRequest:
+    """Build a workspace (sources by relative path) into an importable extension."""
+
+    KIND = "compile_request"
+    VERSION = 1
+    header: RequestHeader
+    episode_id: str
+    files: dict[str, str]  # relative path -> source text (model_new.py, kernels/*.cu|*.cpp)
+    backend: str = "cpu"  # cpu | cuda
+    cuda_arch: str = ""
+    extra_flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompileResult:
+    KIND = "compile_result"
+    VERSION = 1
+    request_id: str
+    episode_id: str
+    ok: bool
+    artifact_key: str = ""  # content hash; the artifact lives in the shared artifact cache
+    artifact_uri: str = ""  # where a worker on another host fetches it (file:// or s3://)
+    artifact: bytes = b""  # the built module itself, when small enough to inline
+    cached: bool = False
+    log: str = ""  # truncated compiler output for the agent
+    error: str = ""
+    duration_s: float = 0.0
+    worker: str = ""
+
+
+@dataclass
+class EvaluateRequest:
+    """Verify and/or profile a compiled solution against its task."""
+
+    KIND = "evaluate_request"
+    VERSION = 1
+    header: RequestHeader
+    episode_id: str
+    task_id: str
+    model_py: str
+    files: dict[str, str]
+    artifact_key: str = ""
+    artifact_uri: str = ""
+    artifact: bytes = b""
+    mode: str = "both"  # verify | profile | both
+    backend: str = "cpu"
+
+
+@dataclass
+class EvaluateResult:
+    KIND = "evaluate_result"
+    VERSION = 1
+    request_id: str
+    episode_id: str
+    task_id: str
+    compiled: bool
+    correct: bool
+    reward: float
+    speedup_vs_eager: float = 0.0
+    speedup_vs_compile: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    error: str = ""
+    timings: dict[str, Any] = field(default_factory=dict)  # raw numbers: median/mean/stdev/n per variant
+    evidence: dict[str, Any] = field(default_factory=dict)  # correctness details, device, clocks, versions
+    duration_s: float = 0.0
+    worker: str = ""
+
+
+@dataclass
+class TurnInfo:
+    """One assistant turn inside a trajectory's flat token stream."""
+
+    start: int  # index of the first token of the turn (prompt/observation included)
+    gen_start: int  # first generated token
+    gen_end: int  # one past the last generated token
+    tool_name: str = ""
+    tool_latency_s: float = 0.0
+    malformed_tool_call: bool = False
+    repeated_action: bool = False
+
+
+@dataclass
+class Trajectory:
+    """A finished episode, token in token out: what the engine produced, exactly."""
+
+    KIND = "trajectory"
+    VERSION = 1
+    episode_id: str
+    task_id: str
+    actor_id: str
+    token_ids: np.ndarray = field(default_factory=_i32)  # int32 [T]
+    logprobs: np.ndarray = field(default_factory=_f32)  # float32 [T], behaviour log-probs (0 where mask=0)
+    loss_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # uint8 [T], 1 = generated
+    policy_version: np.ndarray = field(default_factory=_i32)  # int32 [T], -1 where not generated
+    prompt_len: int = 0
+    turns: list[TurnInfo] = field(default_factory=list)
+    reward: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    end_reason: str = ""  # finish | turn_cap | context_cap | error
+    mode: str = "multi_turn"
+    has_logprobs: bool = True
+    created_ms: int = field(default_factory=now_ms)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+@dataclass
+class WeightAnnouncement:
+    """A new policy version is complete and may be applied."""
+
+    KIND = "weight_announcement"
+    VERSION = 1
+    model_name: str
+    version: int
+    transport: str  # kafka | fs | nccl
+    uri: str = ""  # fs: folder; kafka: topic name of the chunks
+    num_chunks: int = 0
+    total_bytes: int = 0
+    sha256: str = ""  # over the concatenated chunk payloads
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 of its bytes
+    step: int = 0
+    created_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class WeightChunk:
+    """One bucket of a safetensors file's bytes."""
+
+    KIND = "weight_chunk"
+    VERSION = 1
+    model_name: str
+    version: int
+    index: int
+    count: int
+    file_name: str
+    offset: int
+    data: bytes
+    sha256: str
+
+
+@dataclass
+class DeadLetter:
+    """A message a consumer could not decode or validate, kept with the reason."""
+
+    KIND = "dead_letter"
+    VERSION = 1
+    source_topic: str
+    partition: int
+    offset: int
+    error: str
+    payload: bytes = b""
+    key: bytes = b""
+    consumer: str = ""
+    created_ms: int = field(default_factory=now_ms)
+
+
+MESSAGE_TYPES: dict[str, type] = {
+    t.KIND: t
+    for t in (Task, CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, Trajectory,
+              WeightAnnouncement, WeightChunk, DeadLetter)
+}
+
+# Upper bounds checked by the codec: anything larger is rejected with a precise error.
+LIMITS = {
+    "max_str_chars": 4 * 1024 * 1024,
+    "max_bytes": 64 * 1024 * 1024,
+    "max_array_elems": 4 * 1024 * 1024,
+    "max_list_items": 100_000,
+    "max_files": 512,
+}
+
+__all__ = [
+    "Task", "RequestHeader", "CompileRequest", "CompileResult", "EvaluateRequest", "EvaluateResult",
+    "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "MESSAGE_TYPES",
+    "LIMITS", "new_id", "now_ms",
+]
