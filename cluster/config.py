@@ -311,3 +311,15 @@ def cache_path(cfg: Config, *parts: str) -> Path:
     p = Path(cfg.broker.cache_dir).expanduser().joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def dump_toml(cfg: Config) -> str:
+    """The resolved config as TOML (handed to child roles so they see the same values)."""
+    import json
+
+    lines = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)

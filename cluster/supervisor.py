@@ -1,0 +1,150 @@
+"""Runs roles as supervised subprocesses: per-role logs, metrics ports, restarts, clean stop.
+
+Used by `kernelrl up` and `kernelrl chaos`. A role that exits on its own is
+restarted (with backoff) unless the supervisor is stopping; stop() sends SIGTERM
+to every role, waits, and SIGKILLs what is left, so no child outlives it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class RoleSpec:
+    name: str  # unique, e.g. "actor-0"
+    argv: list[str]  # arguments after `kernelrl`
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    restart: bool = True
+    # "main" roles end the run when they exit 0 (the learner after --max-steps).
+    main: bool = False
+
+
+@dataclasses.dataclass
+class RoleProc:
+    spec: RoleSpec
+    proc: subprocess.Popen | None = None
+    metrics_port: int = 0
+    log_path: Path | None = None
+    starts: int = 0
+    kills: int = 0
+    exit_codes: list[int] = dataclasses.field(default_factory=list)
+    next_start: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path, base_argv: list[str], base_env: dict[str, str] | None = None):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.base_argv = base_argv  # e.g. [python, -m, cluster.cli, --config, X]
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.roles: dict[str, RoleProc] = {}
+        self.stopping = False
+
+    def add(self, spec: RoleSpec) -> RoleProc:
+        rp = RoleProc(spec=spec, metrics_port=free_port(), log_path=self.log_dir / f"{spec.name}.log")
+        self.roles[spec.name] = rp
+        self._start(rp)
+        return rp
+
+    def _start(self, rp: RoleProc) -> None:
+        env = {**self.base_env, **rp.spec.env, "KERNELRL_METRICS_PORT": str(rp.metrics_port),
+               "KERNELRL_ROLE_NAME": rp.spec.name, "PYTHONUNBUFFERED": "1"}
+        logf = open(rp.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        logf.write(f"\n=== start {rp.starts + 1} at {time.strftime('%H:%M:%S')}: {rp.spec.argv}\n".encode())
+        logf.flush()
+        rp.proc = subprocess.Popen(self.base_argv + rp.spec.argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        logf.close()
+        rp.starts += 1
+        log.info("started %s (pid %d)", rp.spec.name, rp.proc.pid)
+
+    def poll(self) -> list[str]:
+        """Restart roles that died; return the names of main roles that finished with 0."""
+        finished = []
+        now = time.time()
+        for rp in self.roles.values():
+            if rp.proc is None or rp.alive:
+                continue
+            code = rp.proc.returncode
+            if rp.next_start == 0.0:
+                rp.exit_codes.append(code)
+                if rp.spec.main and code == 0:
+                    finished.append(rp.spec.name)
+                    continue
+                if self.stopping or not rp.spec.restart:
+                    continue
+                backoff = min(10.0, 0.5 * 2 ** min(rp.starts, 5))
+                rp.next_start = now + backoff
+                log.warning("%s exited with %s; restarting in %.1fs (log: %s)", rp.spec.name, code, backoff, rp.log_path)
+            elif now >= rp.next_start and not self.stopping:
+                rp.next_start = 0.0
+                self._start(rp)
+        return finished
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        rp = self.roles[name]
+        if rp.alive:
+            rp.kills += 1
+            os.killpg(rp.proc.pid, sig)
+
+    def scrape(self, name: str, timeout: float = 0.5) -> dict | None:
+        rp = self.roles[name]
+        if not rp.alive:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{rp.metrics_port}/metrics.json", timeout=timeout) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        self.stopping = True
+        for rp in self.roles.values():
+            if rp.alive:
+                try:
+                    os.killpg(rp.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + grace_s
+        for rp in self.roles.values():
+            if rp.proc is None:
+                continue
+            try:
+                rp.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0fs; killing", rp.spec.name, grace_s)
+                try:
+                    os.killpg(rp.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                rp.proc.wait()
+
+
+def kernelrl_argv(config_path: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "cluster.cli"]
+    if config_path:
+        argv += ["--config", config_path]
+    return argv
