@@ -1,4 +1,4 @@
-"""`kernelrl config show`: print the resolved configuration as TOML-like JSON."""
+"""`kernelrl config show`: print the resolved configuration (TOML, or JSON with --json)."""
 from __future__ import annotations
 
 import json
@@ -9,18 +9,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of TOML")
 
 
-def _toml_value(v) -> str:
-    return json.dumps(v)
-
-
 def run(args, cfg) -> int:
-    data = cfg.to_dict()
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return 0
-    for section, values in data.items():
-        print(f"[{section}]")
-        for k, v in values.items():
-            print(f"{k} = {_toml_value(v)}")
-        print()
+    from cluster.config import dump_toml
+
+    print(json.dumps(cfg.to_dict(), indent=2) if args.json else dump_toml(cfg))
     return 0

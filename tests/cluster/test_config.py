@@ -1,0 +1,55 @@
+"""Config: defaults, TOML, environment and CLI overrides, validation messages."""
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from cluster.config import ConfigError, dump_toml, load
+
+
+def test_precedence_file_env_cli(tmp_path):
+    f = tmp_path / "k.toml"
+    f.write_text('[actor]\nconcurrency = 3\nmax_turns = 10\n[learner]\nzero_stage = 2\n')
+    cfg = load(f, overrides=["actor.max_turns=20"], environ={"KRL__ACTOR__CONCURRENCY": "5"})
+    assert cfg.actor.concurrency == 5  # env beats file
+    assert cfg.actor.max_turns == 20  # CLI beats file
+    assert cfg.learner.zero_stage == 2  # file beats default
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("actor.policy=foo", "actor.policy: 'foo' is not one of"),
+    ("learner.lam=x", "learner.lam: expected float, got 'x'"),
+    ("actor.concurrency=0", "actor.concurrency: must be > 0, got 0"),
+    ("nosuch.field=1", "nosuch.field: unknown config section"),
+    ("actor.nosuch=1", "actor.nosuch: unknown field"),
+    ("topics.trajectory_max_message_bytes=1000", "topics.trajectory_max_message_bytes: must be >= 8 MiB"),
+    ("actor.concurrency", "expected section.field=value"),
+])
+def test_errors_name_field_and_value(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load(overrides=[override], environ={})
+    assert needle in str(e.value)
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[actor\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load(bad, environ={})
+
+
+def test_dump_roundtrip():
+    cfg = load(overrides=["sandbox.atol=0.001", "bus.topic_prefix=x."], environ={})
+    assert tomllib.loads(dump_toml(cfg)) == cfg.to_dict()
+
+
+def test_cli_config_show_and_error():
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "--set", "actor.max_turns=7", "config", "show"],
+                         capture_output=True, text=True, check=True).stdout
+    assert tomllib.loads(out)["actor"]["max_turns"] == 7
+    bad = subprocess.run([sys.executable, "-m", "cluster.cli", "--set", "actor.max_turns=-1", "config", "show"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "actor.max_turns: must be > 0, got -1" in bad.stderr

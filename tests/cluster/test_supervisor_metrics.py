@@ -1,0 +1,85 @@
+"""Supervisor restarts, kills and stops real child processes; metrics endpoint serves real numbers."""
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from cluster import metrics
+from cluster.supervisor import RoleSpec, Supervisor
+
+# A child that serves metrics, counts up, and exits 0 when told to by a file.
+CHILD = r"""
+import os, sys, time, pathlib
+from cluster import metrics
+metrics.serve_from_env("probe")
+mode = sys.argv[1]
+if mode == "crash":
+    time.sleep(0.2); sys.exit(3)
+while True:
+    metrics.inc("ticks")
+    if mode == "main" and pathlib.Path(sys.argv[2]).exists():
+        sys.exit(0)
+    time.sleep(0.05)
+"""
+
+
+def _wait(pred, timeout=15.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_restart_scrape_kill_and_stop(tmp_path):
+    sup = Supervisor(tmp_path / "logs", [sys.executable, "-c", CHILD], base_env={**os.environ, "PYTHONPATH": os.getcwd()})
+    flag = tmp_path / "done"
+    sup.add(RoleSpec("crasher", ["crash"]))
+    sup.add(RoleSpec("steady", ["steady"]))
+    sup.add(RoleSpec("main", ["main", str(flag)], main=True))
+    try:
+        assert _wait(lambda: (sup.poll() or True) and sup.roles["crasher"].starts >= 2), "crashed role not restarted"
+        assert 3 in sup.roles["crasher"].exit_codes
+        assert _wait(lambda: (sup.scrape("steady") or {}).get("counters", {}).get("ticks", 0) > 2)
+        assert sup.scrape("steady")["info"]["role"] == "probe"
+        pid = sup.roles["steady"].proc.pid
+        sup.kill("steady", signal.SIGKILL)
+        assert _wait(lambda: (sup.poll() or True) and sup.roles["steady"].alive and sup.roles["steady"].proc.pid != pid)
+        flag.write_text("x")
+        finished = []
+        assert _wait(lambda: bool(finished.extend(sup.poll()) or finished))
+        assert finished == ["main"]
+    finally:
+        sup.stop(grace_s=5)
+    assert not any(rp.alive for rp in sup.roles.values())
+    assert "=== start" in (tmp_path / "logs" / "steady.log").read_text()
+
+
+def test_metrics_endpoint_prometheus_and_health():
+    reg = metrics.Registry()
+    server = metrics.serve(0, registry=reg)
+    port = server.server_address[1]
+    try:
+        reg.inc("jobs_done", 2)
+        reg.set("weight_version", 3)
+        for v in (0.1, 0.2, 0.3):
+            reg.observe("latency_s", v)
+        reg.bucket("reward", 3)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        assert "kernelrl_jobs_done 2.0" in text and "kernelrl_weight_version 3.0" in text
+        assert 'kernelrl_reward{value="3"} 1' in text
+        snap = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics.json").read())
+        assert snap["summaries"]["latency_s"]["count"] == 3 and snap["summaries"]["latency_s"]["p50"] == 0.2
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz").status == 200
+        reg.health = lambda: False
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz")
+            raise AssertionError("unhealthy role answered 200")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503
+    finally:
+        server.shutdown()
