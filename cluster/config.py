@@ -124,6 +124,7 @@ class ActorConfig:
 class LearnerConfig:
     """DeepSpeed PPO learner."""
 
+    model_path: str = ""  # initial policy (HF folder); default: actor.model_path
     stage: str = "ppo"  # warmup | rft | critic | ppo
     zero_stage: int = 1
     dtype: str = "fp32"  # fp32 | bf16
@@ -161,6 +162,7 @@ class ClusterConfig:
     duration_s: float = 0.0
     report_path: str = "kernelrl-report.json"
     log_dir: str = ""  # default: <cache_dir>/logs
+    isolate_runs: bool = True  # each `kernelrl up` run gets its own topic prefix (<prefix><run id>.)
 
 
 @dataclass

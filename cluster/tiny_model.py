@@ -28,14 +28,14 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'tool' -%}"
-    "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
-    "{%- else -%}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}<|im_end|>\n"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    r"{% for message in messages %}"
+    r"{% if message['role'] == 'tool' %}"
+    r"{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    r"{% else %}"
+    r"{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>\n' }}"
+    r"{% endif %}"
+    r"{% endfor %}"
+    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 _CORPUS = r'''
@@ -153,10 +153,37 @@ float half bfloat16 int64 dim keepdim stride padding dilation groups kernel_size
 '''
 
 
+_OPS = ("relu gelu silu sigmoid tanh softmax log_softmax layernorm rmsnorm batchnorm groupnorm conv1d conv2d "
+        "conv3d conv_transpose2d matmul bmm linear gemm add mul sub div max min sum mean argmax argmin cumsum "
+        "clamp dropout pool avg_pool max_pool scan reduce transpose reshape gather scatter embedding attention").split()
+_DTYPES = ("float", "half", "bfloat16", "int", "int64_t", "float4", "double")
+_WORDS = ("the kernel is faster than eager and torch compile because it fuses memory bound operations into a "
+          "single pass over global memory with coalesced loads and shared memory tiles per thread block warp "
+          "grid stride loop occupancy registers latency bandwidth throughput correctness tolerance seed input "
+          "output shape stride contiguous launch stream event synchronize profile verify compile error warning "
+          "workspace binding registry extension module forward backward weight bias channel batch feature").split()
+
+
+def _generated_lines() -> list[str]:
+    """Deterministic extra text: code-shaped identifiers, numbers and prose from fixed word lists."""
+    out = []
+    for i, op in enumerate(_OPS):
+        for j, dt in enumerate(_DTYPES):
+            n = 1 << ((i + j) % 14 + 4)
+            out.append(f"__global__ void {op}_{dt}_kernel(const {dt}* __restrict__ x, {dt}* y, int n) "
+                       f"{{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < {n}) y[i] = {op}(x[i]); }}")
+            out.append(f"torch::Tensor {op}_forward(torch::Tensor x) {{ return launch_{op}_{dt}(x, {n}); }}")
+            out.append(f"y = torch.nn.functional.{op}(x, dim={j - 1}) # {dt} shape ({n}, {n // 2}, {i + j})")
+    for k in range(0, 4096, 7):
+        w = _WORDS[k % len(_WORDS)], _WORDS[(k * 5 + 3) % len(_WORDS)], _WORDS[(k * 11 + 1) % len(_WORDS)]
+        out.append(f"step {k}: {w[0]} {w[1]} {w[2]} = {k * 3 % 1000}.{k % 97:02d} ms")
+    return out
+
+
 def _corpus_lines() -> list[str]:
     lines = [ln for ln in _CORPUS.splitlines() if ln.strip()]
     # Repeat with small variations so frequent pairs dominate the merges deterministically.
-    return lines * 4 + [ln.lower() for ln in lines] + [ln.upper() for ln in lines if len(ln) < 80]
+    return lines * 4 + [ln.lower() for ln in lines] + [ln.upper() for ln in lines if len(ln) < 80] + _generated_lines()
 
 
 def _train_tokenizer():
@@ -168,7 +195,7 @@ def _train_tokenizer():
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=VOCAB_TARGET, min_frequency=1, special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus_lines(), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])

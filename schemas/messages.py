@@ -218,10 +218,26 @@ class DeadLetter:
     created_ms: int = field(default_factory=now_ms)
 
 
+@dataclass
+class TrainStep:
+    """The learner's durable step log: published after the step's checkpoint is saved,
+    so the set of trained episode ids read back from it is exactly what the model saw."""
+
+    KIND = "train_step"
+    VERSION = 1
+    step: int
+    policy_version: int
+    stage: str
+    episode_ids: list[str]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    dropped_stale: list[str] = field(default_factory=list)
+    created_ms: int = field(default_factory=now_ms)
+
+
 MESSAGE_TYPES: dict[str, type] = {
     t.KIND: t
     for t in (Task, CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, Trajectory,
-              WeightAnnouncement, WeightChunk, DeadLetter)
+              WeightAnnouncement, WeightChunk, DeadLetter, TrainStep)
 }
 
 # Upper bounds checked by the codec: anything larger is rejected with a precise error.
@@ -235,6 +251,6 @@ LIMITS = {
 
 __all__ = [
     "Task", "RequestHeader", "CompileRequest", "CompileResult", "EvaluateRequest", "EvaluateResult",
-    "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "MESSAGE_TYPES",
+    "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "TrainStep", "MESSAGE_TYPES",
     "LIMITS", "new_id", "now_ms",
 ]

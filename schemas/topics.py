@@ -9,6 +9,7 @@ TRAJECTORIES = "trajectories"
 WEIGHTS = "weights"
 WEIGHTS_CHUNKS = "weights.chunks"
 DLQ = "dlq"
+LEARNER_LOG = "learner.log"  # TrainStep records: which episodes each checkpointed step trained
 
 
 def evaluate_topic(device_kind: str) -> str:
@@ -17,4 +18,4 @@ def evaluate_topic(device_kind: str) -> str:
 
 
 ALL = (TASKS, TOOL_COMPILE, evaluate_topic("cpu"), evaluate_topic("cuda"), TOOL_REPLIES,
-       TRAJECTORIES, WEIGHTS, WEIGHTS_CHUNKS, DLQ)
+       TRAJECTORIES, WEIGHTS, WEIGHTS_CHUNKS, DLQ, LEARNER_LOG)

@@ -1,0 +1,428 @@
+"""The embedded single-node Apache Kafka (KRaft): fetch its jars, start, stop, status.
+
+Jars come from Maven Central once (a generated pom + ``mvn dependency:copy-dependencies``)
+into ``<cache_dir>/kafka-<version>/libs``. Each broker lives in a state dir holding its
+``server.properties``, data (``data/``), log (``broker.log``) and ``state.json``
+(pid, ports, bootstrap address, version): ``Bus(cfg)``, ``status`` and ``stop`` read it.
+The broker listens on loopback only; its ports are chosen free at the first start and
+reused on later starts of the same state dir, so clients survive a restart.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from cluster.errors import RetriableError, SetupError
+
+log = logging.getLogger(__name__)
+
+_MARKER = ".complete"
+_MAIN_CLASS = "kafka.Kafka"
+_POM = """<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>kernelrl</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_{scala}</artifactId>
+      <version>{version}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-api</artifactId>
+      <version>2.0.17</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j2-impl</artifactId>
+      <version>2.24.3</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+_LOG4J2 = """status = error
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = INFO
+"""
+
+
+# ----------------------------------------------------------------------------- paths
+
+def kafka_home(cfg) -> Path:
+    return Path(cfg.broker.cache_dir).expanduser() / f"kafka-{cfg.broker.kafka_version}"
+
+
+def state_dir(cfg) -> Path:
+    d = cfg.broker.state_dir or str(Path(cfg.broker.cache_dir).expanduser() / "broker-state")
+    return Path(d).expanduser()
+
+
+def _state_file(cfg) -> Path:
+    return state_dir(cfg) / "state.json"
+
+
+# ----------------------------------------------------------------------------- fetch
+
+def _require(tool: str, what: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise SetupError(
+            f"'{tool}' not found: the embedded Kafka broker needs {what} "
+            "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless maven). "
+            "Or use an existing Kafka cluster: set bus.bootstrap_servers "
+            "(KRL__BUS__BOOTSTRAP_SERVERS=host:9092).")
+    return path
+
+
+def _check_java(java: str) -> None:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    text = (out.stderr or out.stdout).strip()
+    try:
+        first = text.split('"')[1]
+        major = int(first.split(".")[0]) if not first.startswith("1.") else int(first.split(".")[1])
+    except (IndexError, ValueError):
+        log.warning("could not parse the Java version from %r", text[:200])
+        return
+    if major < 17:
+        raise SetupError(f"Java {major} found ({java}); Kafka 4.x needs Java 17+ "
+                         "(apt-get install -y openjdk-17-jre-headless)")
+
+
+def _pom(cfg) -> str:
+    return _POM.format(scala=cfg.broker.scala_version, version=cfg.broker.kafka_version)
+
+
+def fetched(cfg) -> bool:
+    """True when the jars of exactly this pom are in place."""
+    try:
+        return (kafka_home(cfg) / "libs" / _MARKER).read_text() == _pom(cfg)
+    except OSError:
+        return False
+
+
+def fetch(cfg, quiet: bool = True) -> Path:
+    """Download the broker's runtime jars once; a no-op when they are present."""
+    home = kafka_home(cfg)
+    libs = home / "libs"
+    if fetched(cfg):
+        return libs
+    _check_java(_require("java", "Java 17+"))
+    mvn = _require("mvn", "Maven (to fetch the Kafka jars from Maven Central)")
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(libs, ignore_errors=True)  # no stale jars from another pom
+    (home / "pom.xml").write_text(_pom(cfg))
+    cmd = [mvn, "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}",
+           "-DincludeScope=runtime"]
+    if quiet:
+        cmd.insert(1, "-q")
+    log.info("fetching Kafka %s jars into %s", cfg.broker.kafka_version, libs)
+    proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise RetriableError(f"mvn could not fetch org.apache.kafka:kafka_{cfg.broker.scala_version}:"
+                             f"{cfg.broker.kafka_version} (network? version?):\n{tail}")
+    if not any(libs.glob("kafka_*.jar")):
+        raise SetupError(f"mvn finished but no kafka jar is in {libs}")
+    (libs / _MARKER).write_text(_pom(cfg))
+    return libs
+
+
+# ----------------------------------------------------------------------------- state
+
+def read_state(cfg) -> dict:
+    try:
+        return json.loads(_state_file(cfg).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(cfg, state: dict) -> None:
+    path = _state_file(cfg)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True when ``pid`` is a live (non-zombie) Kafka JVM."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+        return False
+    return _MAIN_CLASS.encode() in cmdline
+
+
+def status(cfg) -> dict:
+    """The state file plus ``running`` (pid alive) and ``reachable`` (port accepts)."""
+    st = read_state(cfg)
+    st["state_dir"] = str(state_dir(cfg))
+    st["running"] = pid_alive(st.get("pid"))
+    st["reachable"] = bool(st["running"] and _port_open(cfg.broker.host, st.get("port", 0)))
+    return st
+
+
+def bootstrap_servers(cfg) -> str:
+    """Where clients connect: bus.bootstrap_servers, else the running embedded broker."""
+    if cfg.bus.bootstrap_servers:
+        return cfg.bus.bootstrap_servers
+    st = status(cfg)
+    if not st["running"]:
+        raise RetriableError(
+            f"no Kafka broker: the embedded one (state dir {st['state_dir']}) is not running. "
+            "Start it with `kernelrl broker start`, or set bus.bootstrap_servers "
+            "(KRL__BUS__BOOTSTRAP_SERVERS) to use an existing cluster.")
+    return st["bootstrap"]
+
+
+# ----------------------------------------------------------------------------- start
+
+def _port_open(host: str, port: int) -> bool:
+    if not port:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _free_port(host: str, avoid: set[int]) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _pick_ports(cfg, previous: dict) -> tuple[int, int]:
+    host = cfg.broker.host
+    port = cfg.broker.port or previous.get("port") or 0
+    cport = previous.get("controller_port") or 0
+    if port and not _port_free(host, port):
+        if cfg.broker.port:
+            raise SetupError(f"broker.port: {port} on {host} is already in use")
+        port = 0
+    port = port or _free_port(host, set())
+    if not cport or cport == port or not _port_free(host, cport):
+        cport = _free_port(host, {port})
+    return port, cport
+
+
+def _max_message_bytes(cfg) -> int:
+    return max(cfg.bus.max_message_bytes, cfg.topics.trajectory_max_message_bytes,
+               cfg.topics.weights_max_message_bytes) + 1024 * 1024
+
+
+def server_properties(cfg, data_dir: Path, port: int, cport: int) -> str:
+    host = cfg.broker.host
+    max_bytes = _max_message_bytes(cfg)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": 1,
+        "controller.quorum.voters": f"1@{host}:{cport}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.network.threads": 2,
+        "num.io.threads": 4,
+        "num.partitions": 1,
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 8,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 4,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        "group.initial.rebalance.delay.ms": 0,
+        "group.min.session.timeout.ms": 500,
+        "message.max.bytes": max_bytes,
+        "replica.fetch.max.bytes": max_bytes,
+        "socket.request.max.bytes": max(104857600, 2 * max_bytes),
+        "log.segment.bytes": 256 * 1024 * 1024,
+        "log.retention.check.interval.ms": 300000,
+        "delete.topic.enable": "true",
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _java_cmd(cfg, java: str, libs: Path, sdir: Path, main: list[str]) -> list[str]:
+    heap = cfg.broker.heap_mb
+    return [java, f"-Xms{min(heap, 256)}m", f"-Xmx{heap}m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
+            f"-Dlog4j2.configurationFile={sdir / 'log4j2.properties'}",
+            "-cp", str(libs / "*"), *main]
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _format(cfg, java: str, libs: Path, sdir: Path, props: Path, data_dir: Path) -> None:
+    if (data_dir / "meta.properties").is_file():
+        return
+    cmd = _java_cmd(cfg, java, libs, sdir, ["kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                                              "-c", str(props), "--ignore-formatted"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SetupError(f"formatting Kafka storage in {data_dir} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def _wait_ready(cfg, proc: subprocess.Popen, port: int, deadline: float, logfile: Path) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SetupError(f"Kafka exited with code {proc.returncode} during start; "
+                             f"last log lines:\n{_tail(logfile)}")
+        if _port_open(cfg.broker.host, port) and _api_ready(cfg.broker.host, port):
+            return
+        time.sleep(0.2)
+    raise RetriableError(f"Kafka did not become ready within {cfg.broker.start_timeout_s}s; "
+                         f"last log lines:\n{_tail(logfile)}")
+
+
+def _api_ready(host: str, port: int) -> bool:
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=f"{host}:{port}", request_timeout_ms=3000,
+                                 client_id="kernelrl-readiness")
+    except KafkaError:
+        return False
+    try:
+        admin.describe_cluster()
+        return True
+    except KafkaError:
+        return False
+    finally:
+        admin.close()
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+_CHILDREN: dict[int, subprocess.Popen] = {}  # brokers started by this process: reaped on stop
+
+
+def start(cfg) -> dict:
+    """Start the broker (daemonized) unless it runs already; wait until it serves requests."""
+    st = status(cfg)
+    if st["running"]:
+        return st
+    java = _require("java", "Java 17+")
+    libs = fetch(cfg)
+    sdir = state_dir(cfg)
+    data_dir = sdir / "data"
+    sdir.mkdir(parents=True, exist_ok=True)
+    port, cport = _pick_ports(cfg, st)
+    props = sdir / "server.properties"
+    props.write_text(server_properties(cfg, data_dir, port, cport))
+    (sdir / "log4j2.properties").write_text(_LOG4J2.format(level="WARN"))
+    _format(cfg, java, libs, sdir, props, data_dir)
+    logfile = sdir / "broker.log"
+    cmd = _java_cmd(cfg, java, libs, sdir, [_MAIN_CLASS, str(props)])
+    with open(logfile, "ab") as out, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(cmd, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=sdir)
+    _CHILDREN[proc.pid] = proc
+    state = {"pid": proc.pid, "port": port, "controller_port": cport, "host": cfg.broker.host,
+             "bootstrap": f"{cfg.broker.host}:{port}", "version": cfg.broker.kafka_version,
+             "started_at": time.time()}
+    _write_state(cfg, state)
+    try:
+        _wait_ready(cfg, proc, port, time.monotonic() + cfg.broker.start_timeout_s, logfile)
+    except Exception:
+        _terminate(proc.pid, 10.0)
+        raise
+    log.info("Kafka %s ready at %s (pid %d)", cfg.broker.kafka_version, state["bootstrap"], proc.pid)
+    return status(cfg)
+
+
+# ----------------------------------------------------------------------------- stop
+
+def _gone(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+        return True
+    return not pid_alive(pid)
+
+
+def _terminate(pid: int, timeout_s: float) -> bool:
+    """SIGTERM the broker's process group, wait, SIGKILL if needed. True if it exited cleanly."""
+    clean = True
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if _gone(pid):
+                return clean
+            time.sleep(0.1)
+        clean = False
+        log.warning("Kafka pid %d ignored %s for %.0fs", pid, sig.name, wait_s)
+    return _gone(pid)
+
+
+def stop(cfg, timeout_s: float = 30.0) -> dict:
+    """Stop the broker: SIGTERM (controlled shutdown), then SIGKILL after ``timeout_s``."""
+    st = read_state(cfg)
+    pid = st.get("pid")
+    result = {"was_running": pid_alive(pid), "pid": pid, "clean": True}
+    if result["was_running"]:
+        result["clean"] = _terminate(pid, timeout_s)
+    if st:
+        st["pid"] = None
+        st["stopped_at"] = time.time()
+        _write_state(cfg, st)
+    return result

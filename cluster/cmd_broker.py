@@ -1,0 +1,49 @@
+"""`kernelrl broker fetch|start|stop|status`: manage the embedded Kafka broker."""
+from __future__ import annotations
+
+import json
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["fetch", "start", "stop", "status"])
+    p.add_argument("--json", action="store_true", help="print the state as JSON")
+    p.add_argument("--timeout", type=float, default=30.0, help="stop: seconds to wait before SIGKILL")
+
+
+def _show(args, data: dict, line: str) -> None:
+    print(json.dumps(data, indent=2) if args.json else line)
+
+
+def run(args, cfg) -> int:
+    from cluster import broker
+
+    if args.action == "fetch":
+        libs = broker.fetch(cfg)
+        _show(args, {"libs": str(libs), "version": cfg.broker.kafka_version},
+              f"Kafka {cfg.broker.kafka_version} jars in {libs}")
+        return 0
+    if args.action == "start":
+        st = broker.start(cfg)
+        _show(args, st, f"Kafka {st.get('version')} running at {st.get('bootstrap')} "
+                        f"(pid {st.get('pid')}, state {st['state_dir']})")
+        return 0
+    if args.action == "stop":
+        res = broker.stop(cfg, timeout_s=args.timeout)
+        if res["was_running"]:
+            how = "cleanly" if res["clean"] else "after SIGKILL"
+            _show(args, res, f"Kafka (pid {res['pid']}) stopped {how}")
+        else:
+            _show(args, res, "Kafka was not running")
+        return 0
+    st = broker.status(cfg)
+    if cfg.bus.bootstrap_servers:
+        st["external_bootstrap"] = cfg.bus.bootstrap_servers
+    if st["running"]:
+        line = (f"running: Kafka {st.get('version')} at {st.get('bootstrap')} (pid {st.get('pid')}, "
+                f"{'reachable' if st['reachable'] else 'NOT reachable'}, state {st['state_dir']})")
+    else:
+        line = f"stopped (state {st['state_dir']})"
+    if cfg.bus.bootstrap_servers:
+        line += f"; roles use bus.bootstrap_servers={cfg.bus.bootstrap_servers}"
+    _show(args, st, line)
+    return 0 if st["running"] else 3

@@ -1,0 +1,17 @@
+"""`kernelrl chaos`: `kernelrl up` with a role killed by SIGKILL every few seconds;
+exits non-zero unless the report shows nothing lost and nothing trained twice."""
+from __future__ import annotations
+
+
+def add_arguments(p) -> None:
+    from cluster.cmd_up import add_arguments as up_arguments
+
+    up_arguments(p)
+    p.set_defaults(chaos=20.0)
+    p.add_argument("--every", dest="chaos", type=float, help="mean seconds between kills (default 20)")
+
+
+def run(args, cfg) -> int:
+    from cluster.cmd_up import run as up_run
+
+    return up_run(args, cfg)

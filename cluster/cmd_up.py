@@ -1,0 +1,39 @@
+"""`kernelrl up`: the whole loop on one machine (broker, topics, feeder, workers, actors,
+learner) as supervised subprocesses, a live dashboard, and a JSON + PNG run report."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["cpu", "cuda"], help="evaluation backend (default: sandbox.backend)")
+    p.add_argument("--policy", choices=["vllm", "scripted"], help="actor policy (default: actor.policy)")
+    p.add_argument("--max-steps", type=int, help="learner steps before the run ends (default: cluster.max_steps)")
+    p.add_argument("--duration", type=float, help="stop after S seconds whatever the learner did")
+    p.add_argument("--report", help="run report path (JSON; PNG plots beside it)")
+    p.add_argument("--actors", type=int, help="number of actor processes")
+    p.add_argument("--compile-workers", type=int, help="number of compile workers")
+    p.add_argument("--tasks", help="folder of task files (default: the built-in task set)")
+    p.add_argument("--chaos", type=float, default=0.0, metavar="SECONDS",
+                   help="kill a random role with SIGKILL every ~SECONDS (fault injection; 0 = off)")
+    p.add_argument("--no-dashboard", action="store_true", help="log progress lines instead of redrawing")
+
+
+def run(args, cfg) -> int:
+    from cluster.config import set_value
+    from cluster.run_loop import run_cluster
+
+    for flag, path in (("backend", "sandbox.backend"), ("policy", "actor.policy"), ("max_steps", "cluster.max_steps"),
+                       ("duration", "cluster.duration_s"), ("report", "cluster.report_path"),
+                       ("actors", "cluster.actors"), ("compile_workers", "cluster.compile_workers"),
+                       ("tasks", "cluster.task_dir")):
+        value = getattr(args, flag)
+        if value is not None:
+            set_value(cfg, path, value)
+    report = run_cluster(cfg, chaos_every_s=args.chaos, dashboard=not args.no_dashboard,
+                         config_path=args.config, overrides=args.set)
+    print(f"report: {cfg.cluster.report_path}  "
+          f"(steps {report['learner_steps']}, episodes {report['episodes_finished']}, "
+          f"trained {report['trajectories_trained']}, lost {report['trajectories_lost']}, "
+          f"tool calls lost {report['tool_calls_lost']})")
+    return 0 if report.get("ok") else 1

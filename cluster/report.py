@@ -1,0 +1,132 @@
+"""The run report of `kernelrl up`: invariants computed from the durable Kafka log,
+throughput from the roles' metrics, and PNG plots.
+
+Loss is judged from Kafka, not from process counters (which reset when a role is
+killed): a task the actors committed without a trajectory is lost; a tool request
+with no reply on the replies topic is lost; an episode in two checkpointed
+learner steps was trained twice.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from pathlib import Path
+
+from schemas import topics
+
+log = logging.getLogger(__name__)
+
+
+def _records(bus, topic: str):
+    from cluster.bus import read_topic
+
+    return [rec for rec in read_topic(bus, topic) if rec.msg is not None]
+
+
+def durable_invariants(bus, actor_group: str) -> dict:
+    """Everything the report asserts, read back from the topics themselves."""
+    from cluster.bus import committed_offsets
+
+    traj = _records(bus, topics.TRAJECTORIES)
+    steps = _records(bus, topics.LEARNER_LOG)
+    tasks = _records(bus, topics.TASKS)
+    weights = _records(bus, topics.WEIGHTS)
+    requests = _records(bus, topics.TOOL_COMPILE) + _records(bus, topics.evaluate_topic("cpu")) \
+        + _records(bus, topics.evaluate_topic("cuda"))
+    replies = _records(bus, topics.TOOL_REPLIES)
+
+    episodes = {r.msg.episode_id: r.msg for r in traj}
+    traj_tasks = {t.task_id for t in episodes.values()}
+    committed = committed_offsets(bus, actor_group, topics.TASKS)
+    consumed_tasks = {r.msg.task_id for r in tasks if r.offset < committed.get(r.partition, 0)}
+    trained = Counter(eid for r in steps for eid in r.msg.episode_ids)
+    dropped = {eid for r in steps for eid in r.msg.dropped_stale}
+    req_ids = {r.msg.header.request_id for r in requests}
+    reply_ids = {r.msg.request_id for r in replies}
+    rewards = Counter(str(float(t.reward)) for t in episodes.values())
+    return {
+        "learner_steps": max((r.msg.step for r in steps), default=0),
+        "episodes_finished": len(episodes),
+        "trajectories_published": len(episodes),
+        "trajectory_messages": len(traj),
+        "trajectories_trained": len(trained),
+        "trajectories_trained_twice": sum(1 for c in trained.values() if c > 1),
+        "trajectories_dropped_stale": len(dropped),
+        "trajectories_lost": len(consumed_tasks - traj_tasks),
+        "tasks_consumed": len(consumed_tasks),
+        "tool_calls_sent": len(req_ids),
+        "tool_calls_lost": len(req_ids - reply_ids),
+        "weight_versions_published": len({r.msg.version for r in weights}),
+        "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: float(kv[0]))),
+        "learner_curve": [{"step": r.msg.step, **{k: v for k, v in r.msg.metrics.items()
+                                                 if isinstance(v, (int, float))}} for r in steps],
+    }
+
+
+def role_throughput(snaps: dict[str, dict]) -> dict:
+    out = {}
+    for role, s in snaps.items():
+        if not s:
+            continue
+        up = max(s.get("uptime_s", 0.0), 1e-9)
+        out[role] = {k: v / up for k, v in s.get("counters", {}).items()}
+        out[role]["uptime_s"] = up
+    return out
+
+
+def applied_min(snaps: dict[str, dict]) -> int:
+    vals = [s.get("counters", {}).get("weight_versions_applied", 0) for r, s in snaps.items()
+            if r.startswith("actor") and s]
+    return int(min(vals)) if vals else 0
+
+
+def plot(report: dict, out_prefix: Path) -> list[str]:
+    """Reward histogram and learner curve as PNGs next to the JSON report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    hist = report.get("reward_histogram", {})
+    ax.bar(list(hist.keys()), list(hist.values()), color="#4477aa")
+    ax.set_xlabel("episode reward")
+    ax.set_ylabel("episodes")
+    ax.set_title("reward distribution")
+    fig.tight_layout()
+    p = f"{out_prefix}-rewards.png"
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    paths.append(p)
+    curve = report.get("learner_curve", [])
+    keys = [k for k in ("loss", "policy_loss", "value_loss", "kl", "entropy", "clip_frac")
+            if any(k in c and math.isfinite(c[k]) for c in curve)]
+    if curve and keys:
+        fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3), squeeze=False)
+        for ax, k in zip(axes[0], keys):
+            pts = [(c["step"], c[k]) for c in curve if k in c]
+            ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o")
+            ax.set_title(k)
+            ax.set_xlabel("step")
+        fig.tight_layout()
+        p = f"{out_prefix}-learner.png"
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def write(report: dict, path: str | Path) -> dict:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = path.with_suffix("")
+    try:
+        report["plots"] = plot(report, prefix)
+    except ImportError as exc:
+        log.warning("no plots: %s", exc)
+        report["plots"] = []
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return report

@@ -1,0 +1,171 @@
+"""The body of `kernelrl up` (and `kernelrl chaos`): bring the cluster up, watch it,
+optionally inject faults, bring it down, and write the report."""
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+from cluster import report as report_mod
+from cluster.config import Config, cache_path, dump_toml
+from cluster.dashboard import Dashboard
+from cluster.supervisor import RoleSpec, Supervisor, kernelrl_argv
+
+log = logging.getLogger(__name__)
+
+ACTOR_GROUP = "actors"
+
+
+def _builtin_tasks() -> Path:
+    return Path(__file__).resolve().parent.parent / "actors" / "tasks" / "builtin"
+
+
+def _ensure_broker(cfg: Config) -> bool:
+    """Start the embedded broker unless a cluster is configured or it runs; True if we started it."""
+    from cluster import broker
+
+    if cfg.bus.bootstrap_servers:
+        return False
+    if broker.status(cfg)["running"]:
+        return False
+    log.info("starting the embedded Kafka broker")
+    broker.start(cfg)
+    return True
+
+
+def _child_config(cfg: Config, run_id: str) -> Config:
+    from cluster import broker
+
+    child = copy.deepcopy(cfg)
+    child.bus.bootstrap_servers = broker.bootstrap_servers(cfg)
+    if cfg.cluster.isolate_runs:
+        child.bus.topic_prefix = f"{cfg.bus.topic_prefix}{run_id}."
+    if child.actor.policy == "vllm" and not child.actor.model_path:
+        from cluster.tiny_model import build_tiny_model
+
+        child.actor.model_path = str(build_tiny_model(cache_path(cfg, "tiny-model")))
+    if not child.learner.model_path:
+        child.learner.model_path = child.actor.model_path
+    return child
+
+
+def _roles(cfg: Config) -> list[RoleSpec]:
+    c = cfg.cluster
+    specs = [RoleSpec(f"compile-worker-{i}", ["compile-worker"]) for i in range(c.compile_workers)]
+    n_eval = c.eval_workers or 1
+    if cfg.sandbox.backend == "cuda":
+        specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", str(i)]) for i in range(n_eval)]
+    else:
+        specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", "cpu"]) for i in range(n_eval)]
+    specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"]) for i in range(c.actors)]
+    specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True))
+    return specs
+
+
+class _Stop:
+    """SIGINT/SIGTERM set a flag the main loop reads; a second signal is not needed."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+
+    def __call__(self, signum, _frame) -> None:
+        self.reason = signal.Signals(signum).name
+        self.event.set()
+
+
+def _lags(bus) -> dict:
+    from cluster.bus import group_lag
+    from schemas import topics
+
+    out = {}
+    for name, group, topic in (("tasks", ACTOR_GROUP, topics.TASKS),
+                               ("compile", "compile-workers", topics.TOOL_COMPILE),
+                               ("trajectories", "learner", topics.TRAJECTORIES)):
+        try:
+            out[name] = group_lag(bus, group, topic)
+        except Exception as exc:  # noqa: BLE001 - a dashboard figure must never stop the run
+            log.debug("lag of %s: %s", name, exc)
+    return out
+
+
+def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
+                config_path: str | None = None, overrides: list[str] | None = None) -> dict:
+    from cluster.bus import Bus
+    from cluster.feeder import Feeder, load_task_files
+    from cluster.topics_admin import create_topics
+
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = cache_path(cfg, "runs", run_id)
+    owned_broker = _ensure_broker(cfg)
+    stop = _Stop()
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    sup = feeder = None
+    try:
+        child = _child_config(cfg, run_id)
+        (run_dir / "config.toml").write_text(dump_toml(child))
+        create_topics(child)
+        bus = Bus(child, client_id="kernelrl-up")
+        tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
+        feeder = Feeder(bus, tasks, ACTOR_GROUP, backlog=max(2, child.actor.concurrency * child.cluster.actors)).start()
+        sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")))
+        for spec in _roles(child):
+            sup.add(spec)
+        snaps = _watch(sup, bus, feeder, child, stop, chaos_every_s, Dashboard(every_s=2.0 if dashboard else 10.0))
+        feeder.stop()
+        sup.stop()
+        result = report_mod.durable_invariants(bus, ACTOR_GROUP)
+        result.update({
+            "run_id": run_id, "run_dir": str(run_dir), "stopped_by": stop.reason or "learner finished",
+            "weight_versions_applied_min": report_mod.applied_min(snaps),
+            "role_throughput_per_s": report_mod.role_throughput(snaps),
+            "restarts": {n: rp.starts - 1 for n, rp in sup.roles.items()},
+            "chaos_kills": {n: rp.kills for n, rp in sup.roles.items() if rp.kills},
+            "tasks_fed": feeder.published,
+        })
+        result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0
+                        and result["tool_calls_lost"] == 0 and result["trajectories_trained_twice"] == 0)
+        return report_mod.write(result, cfg.cluster.report_path)
+    finally:
+        if feeder is not None:
+            feeder.stop()
+        if sup is not None:
+            sup.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+        if owned_broker:
+            from cluster import broker
+
+            broker.stop(cfg)
+
+
+def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos_every_s: float, dash: Dashboard) -> dict:
+    """Poll roles until the learner finishes, the duration passes or a signal arrives."""
+    started = time.time()
+    snaps: dict[str, dict] = {}
+    next_kill = started + chaos_every_s if chaos_every_s else float("inf")
+    rng = random.Random(0)
+    while not stop.event.is_set():
+        finished = sup.poll()
+        if "learner" in finished:
+            break
+        if cfg.cluster.duration_s and time.time() - started > cfg.cluster.duration_s:
+            stop.reason = f"duration {cfg.cluster.duration_s:.0f}s"
+            break
+        for name in sup.roles:
+            snap = sup.scrape(name)
+            if snap is not None or name not in snaps:
+                snaps[name] = snap
+        if time.time() >= next_kill:
+            victim = rng.choice([n for n, rp in sup.roles.items() if rp.alive] or [None])
+            if victim:
+                log.warning("chaos: SIGKILL %s", victim)
+                sup.kill(victim)
+            next_kill = time.time() + chaos_every_s * rng.uniform(0.5, 1.5)
+        dash.update(snaps, {"tasks_fed": feeder.published, "lags": _lags(bus)})
+        stop.event.wait(1.0)
+    return snaps
