@@ -62,6 +62,15 @@ class BusConfig:
     request_retries: int = 3
     retry_backoff_s: float = 0.5
     poll_timeout_ms: int = 50
+    # consumer/producer tuning (backbone)
+    fetch_max_wait_ms: int = 100  # the broker answers a fetch as soon as data arrives; this only bounds idle polls
+    session_timeout_ms: int = 10000  # a dead consumer's partitions move after this long
+    heartbeat_interval_ms: int = 1000
+    max_poll_records: int = 64
+    max_poll_interval_ms: int = 600000  # handlers (compiles, evaluations) may run long
+    auto_offset_reset: str = "earliest"  # a new group reads what is already there: nothing is lost
+    reconnect_backoff_max_ms: int = 1000  # reconnect quickly after a broker restart
+    delivery_timeout_s: float = 120.0  # how long the producer keeps retrying a buffered message
 
 
 @dataclass
@@ -75,6 +84,9 @@ class TopicsConfig:
     trajectory_retention_ms: int = -1  # keep trajectories forever: they are the replay log
     trajectory_max_message_bytes: int = 16 * 1024 * 1024
     weights_max_message_bytes: int = 16 * 1024 * 1024
+    reply_partitions: int = 32  # tool.replies: each request client reads one partition (see cluster/bus_rpc.py)
+    dlq_retention_ms: int = -1
+    compression: str = "producer"  # topic-level compression.type; 'producer' keeps the producer's codec
 
 
 @dataclass
@@ -98,6 +110,22 @@ class SandboxConfig:
     speedup_threshold: float = 0.05
     suspicious_speedup: float = 10.0
     max_output_chars: int = 8000
+    # --- added by the sandbox (issue 3) ---
+    compile_jobs: int = 2  # parallel compile jobs per build (ninja -j)
+    cpu_flags: str = "-O3 -march=native -fopenmp -std=c++17"
+    cpu_threads: int = 0  # threads for candidate and baselines alike (0 = all cores)
+    cpu_flush_mb: int = 0  # buffer written before each CPU trial (0 = 2x LLC, at most 512 MiB)
+    cuda_flush_mb: int = 256  # buffer zeroed before each GPU trial (KernelBench: 256 MB)
+    max_trials: int = 200
+    timing_budget_s: float = 3.0  # per variant, after the minimum of `trials`
+    timing_rel_ci: float = 0.01  # stop sampling when the median's relative standard error is below this
+    min_trial_s: float = 0.0002  # shorter calls are timed as a batch of calls per trial
+    eval_memory_limit_mb: int = 16384  # RLIMIT_AS of the CPU evaluation child (CUDA: not set)
+    inline_artifact_bytes: int = 4 * 1024 * 1024  # compile results carry the library inline up to this size
+    baseline_cache_dir: str = ""  # default: <broker.cache_dir>/baselines
+    static_guards: bool = True  # tests switch it off to exercise the run-time guards alone
+    compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline
+    seed: int = 42
 
 
 @dataclass
@@ -118,6 +146,18 @@ class ActorConfig:
     openai_base_url: str = ""
     openai_model: str = ""
     kv_cache_mb: int = 256
+    # rollout-actor details (actors/)
+    seed: int = 0
+    dtype: str = ""  # GPU engine dtype ("" = the model's); CPU always float32
+    gpu_memory_utilization: float = 0.85
+    eval_max_turns: int = 200  # turn cap when evaluating (kernelrl eval)
+    bash_timeout_s: float = 60.0
+    max_observation_chars: int = 8000
+    workspace_root: str = ""  # default: <cache_dir>/workspaces
+    keep_workspaces: bool = False
+    weights_dir: str = ""  # where received policy versions are assembled; default <cache_dir>/actor-weights
+    openai_api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the endpoint's key
+    shutdown_grace_s: float = 30.0  # on SIGTERM, finish running episodes for this long, then leave them uncommitted
 
 
 @dataclass
@@ -148,6 +188,13 @@ class LearnerConfig:
     weight_transport: str = "kafka"  # kafka | fs | nccl
     weight_fs_dir: str = ""
     chunk_bytes: int = 4 * 1024 * 1024
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    whiten_advantages: bool = True
+    keep_checkpoints: int = 2
+    model_name: str = "policy"  # key of weight announcements; actors filter on it
+    seen_ids_limit: int = 200_000  # episode ids remembered for dedupe (kept in checkpoints)
+    logit_chunk: int = 4096  # positions per log-prob chunk (bounds [T, vocab] memory on long trajectories)
 
 
 @dataclass
@@ -194,15 +241,23 @@ _CHOICES = {
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "bus.compression": {"none", "gzip", "snappy", "lz4", "zstd"},
     "bus.security_protocol": {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"},
+    "bus.auto_offset_reset": {"earliest", "latest"},
+    "bus.sasl_mechanism": {"", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"},
+    "topics.compression": {"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"},
 }
 _POSITIVE = {
     "broker.heap_mb", "broker.start_timeout_s", "bus.max_message_bytes", "bus.request_timeout_s",
     "topics.partitions", "topics.replication_factor", "topics.tool_partitions",
     "topics.trajectory_max_message_bytes", "topics.weights_max_message_bytes",
+    "topics.reply_partitions", "bus.session_timeout_ms", "bus.heartbeat_interval_ms", "bus.max_poll_records",
+    "bus.max_poll_interval_ms", "bus.reconnect_backoff_max_ms", "bus.delivery_timeout_s",
     "sandbox.compile_timeout_s", "sandbox.eval_timeout_s", "sandbox.memory_limit_mb",
-    "sandbox.correctness_trials", "sandbox.trials", "actor.concurrency", "actor.max_turns",
+    "sandbox.correctness_trials", "sandbox.trials", "sandbox.compile_jobs", "sandbox.max_trials",
+    "sandbox.timing_budget_s", "sandbox.eval_memory_limit_mb", "actor.concurrency", "actor.max_turns",
     "actor.max_context_tokens", "actor.max_new_tokens", "learner.batch_trajectories",
+    "actor.eval_max_turns", "actor.bash_timeout_s", "actor.max_observation_chars", "actor.kv_cache_mb",
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
+    "learner.ppo_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
 }
 
 
@@ -265,6 +320,12 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
     if not 0 <= cfg.learner.lam <= 1 or not 0 <= cfg.learner.gamma <= 1:
         raise ConfigError(f"learner.gamma/lam: must be in [0, 1], got {cfg.learner.gamma!r}/{cfg.learner.lam!r}")
+    if cfg.bus.fetch_max_wait_ms < 0 or cfg.bus.linger_ms < 0 or cfg.bus.request_retries < 0:
+        raise ConfigError("bus.fetch_max_wait_ms/linger_ms/request_retries: must be >= 0, got "
+                          f"{cfg.bus.fetch_max_wait_ms!r}/{cfg.bus.linger_ms!r}/{cfg.bus.request_retries!r}")
+    if cfg.bus.heartbeat_interval_ms >= cfg.bus.session_timeout_ms:
+        raise ConfigError(f"bus.heartbeat_interval_ms: must be < bus.session_timeout_ms "
+                          f"({cfg.bus.session_timeout_ms!r}), got {cfg.bus.heartbeat_interval_ms!r}")
     if cfg.topics.trajectory_max_message_bytes < 8 * 1024 * 1024:
         raise ConfigError("topics.trajectory_max_message_bytes: must be >= 8 MiB for 128k-token trajectories, "
                           f"got {cfg.topics.trajectory_max_message_bytes!r}")

@@ -53,7 +53,7 @@ class Feeder:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from cluster.bus import group_lag
+        from cluster.bus_lag import group_lag
 
         producer = self.bus.producer()
         rounds = itertools.count()
@@ -61,7 +61,7 @@ class Feeder:
             for r in rounds:
                 for task in self.tasks:
                     while not self.stop_event.is_set():
-                        lag = group_lag(self.bus, self.group_id, topics.TASKS)
+                        lag = group_lag(self.bus, self.group_id, [topics.TASKS])[topics.TASKS]
                         if lag < self.backlog:
                             break
                         self.stop_event.wait(0.5)

@@ -20,14 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def _records(bus, topic: str):
-    from cluster.bus import read_topic
+    from cluster.bus_scan import read_topic
 
     return [rec for rec in read_topic(bus, topic) if rec.msg is not None]
 
 
 def durable_invariants(bus, actor_group: str) -> dict:
     """Everything the report asserts, read back from the topics themselves."""
-    from cluster.bus import committed_offsets
+    from cluster.bus_scan import committed_offsets
 
     traj = _records(bus, topics.TRAJECTORIES)
     steps = _records(bus, topics.LEARNER_LOG)

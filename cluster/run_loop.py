@@ -79,7 +79,7 @@ class _Stop:
 
 
 def _lags(bus) -> dict:
-    from cluster.bus import group_lag
+    from cluster.bus_lag import group_lag
     from schemas import topics
 
     out = {}
@@ -87,7 +87,7 @@ def _lags(bus) -> dict:
                                ("compile", "compile-workers", topics.TOOL_COMPILE),
                                ("trajectories", "learner", topics.TRAJECTORIES)):
         try:
-            out[name] = group_lag(bus, group, topic)
+            out[name] = group_lag(bus, group, [topic])[topic]
         except Exception as exc:  # noqa: BLE001 - a dashboard figure must never stop the run
             log.debug("lag of %s: %s", name, exc)
     return out
@@ -97,7 +97,6 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
                 config_path: str | None = None, overrides: list[str] | None = None) -> dict:
     from cluster.bus import Bus
     from cluster.feeder import Feeder, load_task_files
-    from cluster.topics_admin import create_topics
 
     run_id = time.strftime("%Y%m%d-%H%M%S")
     run_dir = cache_path(cfg, "runs", run_id)
@@ -108,8 +107,8 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
     try:
         child = _child_config(cfg, run_id)
         (run_dir / "config.toml").write_text(dump_toml(child))
-        create_topics(child)
         bus = Bus(child, client_id="kernelrl-up")
+        bus.ensure_topics()
         tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
         feeder = Feeder(bus, tasks, ACTOR_GROUP, backlog=max(2, child.actor.concurrency * child.cluster.actors)).start()
         sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")))

@@ -1,0 +1,187 @@
+"""The rollout actor: consume tasks as a group member, run up to C episodes, publish trajectories.
+
+A task's offset is committed only after its trajectory is acknowledged by all
+replicas (and only once every earlier task of its partition is done too), so
+an actor killed at any moment loses no task: the group hands it to another
+actor. New episodes are not started while the policy lags the newest announced
+version by more than ``actor.max_version_lag`` (admission control).
+Consumer calls run on one dedicated thread (kafka-python is not thread-safe).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from actors import tool_specs
+from actors.agent import Episode, EpisodeLimits, PolicyFailure
+from actors.chat import ChatRenderer
+from actors.offsets import OffsetTracker
+from actors.tools_local import LocalTools
+from actors.tools_remote import RemoteTools
+from actors.workspace import Workspace, single_turn_skill_text, skill_text
+from schemas import topics as T
+from schemas.messages import Task, Trajectory, new_id
+
+log = logging.getLogger(__name__)
+
+
+def default_actor_id() -> str:
+    return f"actor-{socket.gethostname()}-{os.getpid()}"
+
+
+class Actor:
+    def __init__(self, cfg: Any, policy: Any, *, actor_id: str | None = None, bus: Any = None,
+                 request_client: Any = None, evaluation: bool = False):
+        from cluster.bus import AsyncRequestClient, Bus
+        from cluster.config import cache_path
+
+        self.cfg, self.policy = cfg, policy
+        self.actor_id = actor_id or default_actor_id()
+        self.bus = bus or Bus(cfg, client_id=self.actor_id)
+        self.client = request_client or AsyncRequestClient(self.bus, name=self.actor_id)
+        self.limits = EpisodeLimits.from_config(cfg.actor, evaluation=evaluation)
+        self.ws_root = Path(cfg.actor.workspace_root) if cfg.actor.workspace_root else cache_path(cfg, "workspaces")
+        self.weights_root = Path(cfg.actor.weights_dir) if cfg.actor.weights_dir else cache_path(cfg, "actor-weights")
+        self.renderer = ChatRenderer(policy.tokenizer, tool_specs.ALL)
+        self.tracker = OffsetTracker()
+        self._cthread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.actor_id}-tasks")
+        self.follower = None
+        self.stats = {"episodes": 0, "published": 0, "committed": 0, "errors": 0, "tokens": 0,
+                      "admission_waits": 0, "publish_failures": 0}
+        self.fatal: BaseException | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+    async def run(self, stop: asyncio.Event, max_episodes: int | None = None) -> int:
+        """Serve until ``stop`` is set (or ``max_episodes`` finished); returns the number published."""
+        loop = asyncio.get_running_loop()
+        self.producer = await loop.run_in_executor(None, self.bus.producer)
+        group = f"{self.cfg.bus.topic_prefix}actors"
+        consumer = await loop.run_in_executor(self._cthread, lambda: self.bus.consumer(
+            [T.TASKS], group, expected=Task))
+        tasks: set[asyncio.Task] = set()
+        follower_task = None
+        if hasattr(self.policy, "swap_weights"):
+            from actors.weights import WeightFollower
+
+            self.follower = WeightFollower(self.bus, self.cfg, self.policy, self.actor_id, self.weights_root)
+            follower_task = asyncio.create_task(self.follower.run(stop), name="weights")
+        try:
+            while not stop.is_set() and self.fatal is None:
+                if max_episodes is not None and self.stats["published"] + len(tasks) >= max_episodes:
+                    if not tasks:
+                        break
+                    await asyncio.wait(tasks, timeout=0.2)
+                    continue
+                free = self.cfg.actor.concurrency - len(tasks)
+                if self.follower is not None and self.follower.lag > self.cfg.actor.max_version_lag:
+                    free = 0
+                    self.stats["admission_waits"] += 1
+                # When full, keep polling (group liveness) with the partitions paused.
+                recs = await loop.run_in_executor(self._cthread, _poll, consumer, free)
+                for rec in recs:
+                    self.tracker.delivered(rec)
+                    t = asyncio.create_task(self._episode(rec, consumer), name=f"episode-{rec.offset}")
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                if not recs:
+                    await asyncio.sleep(0)
+        finally:
+            await self._drain(tasks)
+            if follower_task is not None:
+                stop.set()
+                await asyncio.gather(follower_task, return_exceptions=True)
+            await loop.run_in_executor(self._cthread, consumer.close)
+            await loop.run_in_executor(None, self.producer.close)
+        if self.fatal is not None:
+            raise self.fatal
+        return self.stats["published"]
+
+    async def _drain(self, tasks: set[asyncio.Task]) -> None:
+        if not tasks:
+            return
+        grace = self.cfg.actor.shutdown_grace_s
+        done, pending = await asyncio.wait(tasks, timeout=grace)
+        for t in pending:  # unfinished episodes stay uncommitted: the group redelivers their tasks
+            t.cancel()
+        if pending:
+            log.warning("%d episode(s) cancelled at shutdown; their tasks will be redelivered", len(pending))
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- one episode --------------------------------------------------------------
+    async def run_episode(self, task: Task, episode_id: str | None = None) -> Trajectory:
+        """Run one episode in a fresh workspace and return its trajectory (not published)."""
+        episode_id = episode_id or new_id()
+        acfg = self.cfg.actor
+        ws = await asyncio.to_thread(Workspace.create, self.ws_root, episode_id, task.model_py, task.backend)
+        local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=acfg.bash_timeout_s,
+                           max_output_chars=acfg.max_observation_chars)
+        remote = RemoteTools(self.client, task, episode_id, ws, timeout_s=acfg.tool_timeout_s,
+                             max_output_chars=acfg.max_observation_chars, cuda_arch=self.cfg.sandbox.cuda_arch)
+        skill = single_turn_skill_text(task.backend) if self.limits.mode == "single_turn" else skill_text(task.backend)
+        episode = Episode(self.policy, self.renderer, task, episode_id, self.actor_id, ws, local, remote,
+                          self.limits, skill)
+        try:
+            return await episode.run()
+        except (PolicyFailure, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - an episode bug ends that episode, not the actor
+            log.exception("episode %s failed", episode_id)
+            self.stats["errors"] += 1
+            traj = await episode._finish("error", final_eval=False)
+            traj.metadata["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            return traj
+        finally:
+            if not acfg.keep_workspaces:
+                await asyncio.to_thread(ws.remove)
+
+    async def _episode(self, rec: Any, consumer: Any) -> None:
+        task: Task = rec.msg
+        t0 = time.monotonic()
+        try:
+            traj = await self.run_episode(task)
+        except PolicyFailure as exc:
+            log.error("policy failed; stopping without committing task %s: %s", task.task_id, exc)
+            self.fatal = exc
+            return
+        traj.metadata.update({"task_offset": rec.offset, "task_partition": rec.partition,
+                              "episode_s": round(time.monotonic() - t0, 3)})
+        self.stats["episodes"] += 1
+        self.stats["tokens"] += int(traj.loss_mask.sum())
+        if not await self._publish(traj):
+            return  # not committed: the task will be redelivered
+        commit_to = self.tracker.done(rec)
+        if commit_to is not None:
+            ok = await asyncio.get_running_loop().run_in_executor(self._cthread, consumer.commit, commit_to)
+            self.stats["committed"] += int(bool(ok))
+
+    async def _publish(self, traj: Trajectory) -> bool:
+        loop = asyncio.get_running_loop()
+        for attempt in range(5):
+            try:
+                await loop.run_in_executor(None, lambda: self.producer.send(
+                    T.TRAJECTORIES, traj, key=traj.task_id).get(timeout=60))
+                self.stats["published"] += 1
+                return True
+            except Exception as exc:  # noqa: BLE001 - retry any delivery failure, then leave uncommitted
+                self.stats["publish_failures"] += 1
+                log.warning("publishing trajectory %s failed (attempt %d): %s", traj.episode_id, attempt, exc)
+                await asyncio.sleep(min(2 ** attempt, 10))
+        return False
+
+
+def _poll(consumer: Any, free: int) -> list:
+    """Poll for at most ``free`` tasks; with no free slot, poll with every partition paused."""
+    kc = consumer.kafka
+    if free <= 0:
+        todo = kc.assignment() - kc.paused()
+        if todo:
+            kc.pause(*todo)
+    elif kc.paused():
+        kc.resume(*kc.paused())
+    return consumer.poll(timeout_s=0.2, max_records=max(1, free))

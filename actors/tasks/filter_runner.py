@@ -1,0 +1,173 @@
+"""Run the execution filter over many task sources in sandboxed child processes.
+
+Each child (``python -m actors.tasks.filter_runner --child FD``) imports torch once and
+checks a batch of tasks, writing one JSON line per task to a dedicated pipe (the task's
+own prints go to stdout/stderr and cannot forge a verdict). The parent enforces a
+deadline per task: a task that hangs is killed with its child, recorded as a
+``timeout`` rejection, and the rest of the batch continues in a fresh child. Children
+run in a new session with resource limits, in a temporary directory and, where
+``unshare -rn`` works, without network.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from actors.tasks.filter import FilterConfig, Verdict
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@lru_cache(maxsize=1)
+def _netns_prefix() -> tuple[str, ...]:
+    """`unshare -rn` (no network) when this machine allows it, else nothing."""
+    exe = shutil.which("unshare")
+    if not exe:
+        return ()
+    try:
+        ok = subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        log.warning("unshare -rn is not permitted here: filter children keep the network")
+    return (exe, "-rn") if ok else ()
+
+
+def _limits(memory_mb: int):
+    def apply():
+        import resource
+
+        os.setsid()
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if memory_mb > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    return apply
+
+
+class _Child:
+    def __init__(self, cfg: FilterConfig, memory_mb: int, workdir: str):
+        rfd, wfd = os.pipe()
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   TORCHINDUCTOR_COMPILE_THREADS="1")
+        cmd = [*_netns_prefix(), sys.executable, "-m", "actors.tasks.filter_runner", "--child", str(wfd)]
+        mem = memory_mb if cfg.backend == "cpu" else 0  # an address-space cap breaks the CUDA driver
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     pass_fds=(wfd,), cwd=workdir, env=env, preexec_fn=_limits(mem))
+        os.close(wfd)
+        self.rfd, self.buf = rfd, b""
+        self.proc.stdin.write((json.dumps({"config": asdict(cfg)}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def send(self, source: str) -> None:
+        self.proc.stdin.write((json.dumps({"source": source}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def read(self, deadline: float) -> dict | None:
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.rfd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self, kill: bool = False) -> str:
+        err = ""
+        if kill and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+            err = (self.proc.stderr.read() or b"").decode(errors="replace")[-600:]
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+        os.close(self.rfd)
+        return err
+
+
+def _run_batch(sources: list[str], cfg: FilterConfig, timeout_s: float, memory_mb: int,
+               start_s: float) -> list[Verdict]:
+    out: list[Verdict] = []
+    with tempfile.TemporaryDirectory(prefix="krl-filter-") as workdir:
+        child = None
+        for src in sources:
+            if child is None:
+                child = _Child(cfg, memory_mb, workdir)
+                budget = timeout_s + start_s  # the first task also pays for importing torch
+            else:
+                budget = timeout_s
+            child.send(src)
+            reply = child.read(time.monotonic() + budget)
+            if reply is None:
+                dead = child.proc.poll() is not None
+                err = child.close(kill=True)
+                child = None
+                rule = "load" if dead else "timeout"
+                why = f"the child died: {err.strip()[-300:]}" if dead else f"no verdict within {budget:.0f} s"
+                out.append(Verdict(ok=False, rule=rule, reason=why, duration_s=budget))
+                continue
+            out.append(Verdict(**reply))
+        if child is not None:
+            child.close()
+    return out
+
+
+def filter_sources(sources: list[str], cfg: FilterConfig | None = None, workers: int = 1,
+                   timeout_s: float = 120.0, memory_mb: int = 8192, start_s: float = 60.0) -> list[Verdict]:
+    """Verdicts for each source, in order, from `workers` parallel sandboxed children."""
+    cfg = cfg or FilterConfig()
+    if not sources:
+        return []
+    workers = max(1, min(workers, len(sources)))
+    shards = [list(range(i, len(sources), workers)) for i in range(workers)]
+    results: list[Verdict | None] = [None] * len(sources)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run_batch, [sources[i] for i in shard], cfg, timeout_s, memory_mb, start_s)
+                   for shard in shards]
+        for shard, fut in zip(shards, futures):
+            for i, verdict in zip(shard, fut.result()):
+                results[i] = verdict
+    return results  # type: ignore[return-value]
+
+
+def _child_main(fd: int) -> int:
+    from actors.tasks.filter import check_task
+
+    out = os.fdopen(fd, "w", buffering=1)
+    header = json.loads(sys.stdin.readline())
+    raw = header["config"]
+    raw["input_seeds"] = tuple(raw["input_seeds"])
+    cfg = FilterConfig(**raw)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        verdict = check_task(json.loads(line)["source"], cfg)
+        out.write(json.dumps(verdict.to_dict()) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        sys.exit(_child_main(int(sys.argv[2])))
+    sys.exit("usage: python -m actors.tasks.filter_runner --child FD (started by filter_sources)")

@@ -1,0 +1,122 @@
+"""The worker loop behind every tool worker: consume a request, handle, reply, commit.
+
+``serve(bus, topic, group_id, handler, stop_event)`` polls ``topic`` in ``group_id``;
+for each request it calls ``handler(msg) -> reply`` and publishes the reply to the
+request's ``header.reply_topic``/``reply_partition``, waits for the ack, then commits
+(at-least-once). A handler's RetriableError is retried a few times in place; any other
+error becomes an error reply (``on_error`` or the defaults below), or a DeadLetter
+when no error reply can be built. Expired requests (past their deadline) are skipped
+and committed. ``stop_event`` (set from a SIGTERM handler) ends the loop between
+messages: what was not finished is not committed and will be redelivered.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from cluster.errors import RetriableError
+from schemas.messages import CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, now_ms
+
+log = logging.getLogger(__name__)
+
+
+def default_error_reply(msg, exc: BaseException):
+    """An error result the asking actor can read, for the known request types; else None."""
+    error = f"{type(exc).__name__}: {exc}"[:4000]
+    rid = msg.header.request_id
+    if isinstance(msg, CompileRequest):
+        return CompileResult(request_id=rid, episode_id=msg.episode_id, ok=False, error=error)
+    if isinstance(msg, EvaluateRequest):
+        return EvaluateResult(request_id=rid, episode_id=msg.episode_id, task_id=msg.task_id,
+                              compiled=False, correct=False, reward=0.0, error=error)
+    return None
+
+
+def _handle(handler, msg, retries: int, stop_event) -> Any:
+    for attempt in range(retries + 1):
+        try:
+            return handler(msg)
+        except RetriableError as exc:
+            if attempt == retries or stop_event.is_set():
+                raise
+            log.warning("handler: retriable error (attempt %d): %s", attempt, exc)
+            stop_event.wait(min(0.2 * 2 ** attempt, 5.0))
+    raise AssertionError("unreachable")
+
+
+def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
+          stop_event: threading.Event | None = None, *, expected=None,
+          on_error: Callable[[Any, BaseException], Any] | None = None,
+          handler_retries: int = 2, max_messages: int | None = None,
+          poll_timeout_s: float = 0.1, on_ready: Callable[[], None] | None = None,
+          consumer_overrides: dict | None = None) -> dict:
+    """Run the worker loop until ``stop_event`` is set (or ``max_messages`` are done)."""
+    stop_event = stop_event or threading.Event()
+    on_error = on_error or default_error_reply
+    consumer = bus.consumer([topic], group_id, expected=expected, **(consumer_overrides or {}))
+    producer = bus.producer(linger_ms=0)
+    stats = {"handled": 0, "errors": 0, "expired": 0, "dead_lettered": 0}
+    done: dict = {}  # (topic, partition) -> last finished record: committed synchronously at exit
+    ready = False
+    try:
+        while not stop_event.is_set():
+            records = consumer.poll(timeout_s=poll_timeout_s)
+            if not ready and consumer.assignment():
+                ready = True
+                if on_ready:
+                    on_ready()
+            for rec in records:
+                if stop_event.is_set():
+                    break  # not finished: not committed, redelivered to whoever comes next
+                _serve_one(bus, producer, consumer, rec, handler, on_error, handler_retries, stop_event, stats)
+                done[(rec.topic, rec.partition)] = rec
+                if max_messages and stats["handled"] + stats["expired"] + stats["errors"] >= max_messages:
+                    stop_event.set()
+    finally:
+        for rec in done.values():
+            consumer.commit(rec, sync=True)
+        stats["dead_lettered"] += consumer.stats["dead_lettered"]
+        consumer.close()
+        producer.close()
+    return stats
+
+
+def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_event, stats) -> None:
+    msg = rec.msg
+    header = getattr(msg, "header", None)
+    if header is not None and header.deadline_ms and now_ms() > header.deadline_ms:
+        stats["expired"] += 1
+        log.info("skipping expired request %s (%d ms late)", header.request_id, now_ms() - header.deadline_ms)
+        consumer.commit(rec, sync=False)
+        return
+    t0 = time.monotonic()
+    try:
+        reply = _handle(handler, msg, retries, stop_event)
+        stats["handled"] += 1
+    except Exception as exc:  # noqa: BLE001 - a handler failure must become an answer, not a dead worker
+        stats["errors"] += 1
+        log.warning("handler failed on %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc, exc_info=True)
+        reply = on_error(msg, exc) if header is not None else None
+        if reply is None:
+            bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"handler: {type(exc).__name__}: {exc}",
+                            _reencode(msg), rec.key.encode() if rec.key else None)
+    if reply is not None and header is not None and header.reply_topic:
+        if hasattr(reply, "request_id") and not reply.request_id:
+            reply.request_id = header.request_id
+        producer.send(header.reply_topic, reply, key=header.sender or None,
+                      partition=header.reply_partition).get(timeout=60)
+    elif reply is not None:
+        log.warning("handler returned %s for a message without reply address; dropped", type(reply).__name__)
+    log.debug("handled %s in %.1f ms", type(msg).__name__, (time.monotonic() - t0) * 1000)
+    consumer.commit(rec, sync=False)  # after the reply is acked: at-least-once; async keeps latency low
+
+
+def _reencode(msg) -> bytes:
+    from schemas import codec
+
+    try:
+        return codec.encode(msg)
+    except codec.SchemaError:
+        return b""

@@ -1,0 +1,51 @@
+"""`kernelrl bench bus|compile|actor|learner`: benchmarks printing ratios vs same-run baselines.
+
+`bench bus` lives in cluster/bench_bus.py; the others are owned by their roles and
+dispatched to ``<module>.run_bench(args, cfg) -> dict`` (imported only when asked).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+
+from cluster.errors import SetupError
+
+TARGETS = {
+    "bus": "cluster.bench_bus",
+    "compile": "sandbox_workers.bench_compile",
+    "actor": "actors.bench",
+    "learner": "learner.bench",
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", choices=sorted(TARGETS))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--requests", type=int, default=500, help="bus: request/reply round trips to time")
+    p.add_argument("--out", default="", help="also write the JSON result to this file")
+    p.add_argument("rest", nargs="*", help="extra arguments for the target's own benchmark")
+
+
+def _load(target: str):
+    name = TARGETS[target]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise SetupError(f"`bench {target}` is not available: module {name} is not built yet") from None
+        raise
+    if not hasattr(module, "run_bench"):
+        raise SetupError(f"`bench {target}`: {name} has no run_bench(args, cfg)")
+    return module
+
+
+def run(args, cfg) -> int:
+    result = _load(args.target).run_bench(args, cfg)
+    if result is None:
+        return 0
+    text = json.dumps(result, indent=None if args.json else 2, default=str)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0

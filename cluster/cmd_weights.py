@@ -1,0 +1,62 @@
+"""`kernelrl weights push --path DIR`: send a checkpoint folder (Hugging Face layout)
+as the next policy version and announce it; every running actor swaps it in.
+`kernelrl weights list` shows the announced versions."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["push", "list"])
+    p.add_argument("--path", help="folder with config.json + *.safetensors (push)")
+    p.add_argument("--version", type=int, help="version to announce (default: newest announced + 1)")
+    p.add_argument("--transport", choices=["kafka", "fs"], help="default: learner.weight_transport")
+    p.add_argument("--model-name", help="default: learner.model_name")
+
+
+def announcements(bus, model_name: str) -> list:
+    from cluster.bus_scan import read_topic
+    from schemas import WeightAnnouncement, topics
+
+    return [r.msg for r in read_topic(bus, topics.WEIGHTS)
+            if isinstance(r.msg, WeightAnnouncement) and r.msg.model_name == model_name]
+
+
+def run(args, cfg) -> int:
+    from cluster import weights_transport as wt
+    from cluster.bus import Bus
+    from cluster.config import cache_path
+    from cluster.errors import KernelRLError
+
+    model = args.model_name or cfg.learner.model_name
+    with Bus(cfg, client_id="kernelrl-weights") as bus:
+        bus.ensure_topics()
+        seen = announcements(bus, model)
+        if args.action == "list":
+            for a in seen:
+                print(json.dumps({"version": a.version, "transport": a.transport, "uri": a.uri,
+                                  "bytes": a.total_bytes, "sha256": a.sha256, "step": a.step}))
+            return 0
+        if not args.path or not Path(args.path).is_dir():
+            raise KernelRLError(f"--path {args.path!r}: a checkpoint folder is required")
+        if not list(Path(args.path).glob("*.safetensors")):
+            raise KernelRLError(f"--path {args.path!r} holds no *.safetensors file")
+        newest = max((a.version for a in seen), default=0)
+        version = args.version if args.version is not None else newest + 1
+        if version <= newest:
+            raise KernelRLError(f"--version {version}: versions are monotonic and {newest} is already announced")
+        transport = args.transport or cfg.learner.weight_transport
+        producer = bus.producer()
+        try:
+            if transport == "kafka":
+                ann = wt.publish_kafka(producer, model, version, args.path, cfg.learner.chunk_bytes)
+            else:
+                root = cfg.learner.weight_fs_dir or str(cache_path(cfg, "weights"))
+                ann = wt.publish_fs(root, model, version, args.path)
+            wt.announce(producer, ann)
+        finally:
+            producer.close()
+    print(json.dumps({"model_name": model, "version": version, "transport": transport, "uri": ann.uri,
+                      "bytes": ann.total_bytes, "sha256": ann.sha256}))
+    return 0

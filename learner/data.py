@@ -1,0 +1,135 @@
+"""Training samples from trajectories: validation, stage filters, token-budget packing, collation.
+
+A ``Sample`` is one trajectory reduced to what training needs, with the Kafka
+position it came from. ``pack`` groups samples into micro-batches whose padded
+size (rows x longest row) stays within the token budget; a trajectory longer
+than the budget (a 128k-token episode) gets a micro-batch of its own and is
+never split, since its attention needs the whole context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+class InvalidTrajectory(ValueError):
+    """The trajectory's arrays disagree or it has nothing to train on."""
+
+    retriable = False
+
+
+@dataclass
+class Sample:
+    episode_id: str
+    token_ids: np.ndarray  # int32 [T]
+    logprobs: np.ndarray  # float32 [T] behaviour log-probs
+    loss_mask: np.ndarray  # uint8 [T]
+    reward: float
+    min_version: int  # oldest policy version among generated tokens
+    partition: int = -1
+    offset: int = -1
+    flags: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def from_trajectory(traj, partition: int = -1, offset: int = -1) -> Sample:
+    """Validate a schemas.Trajectory and turn it into a Sample (raises InvalidTrajectory)."""
+    n = traj.num_tokens
+    for name in ("logprobs", "loss_mask", "policy_version"):
+        arr = getattr(traj, name)
+        if arr.shape != (n,):
+            raise InvalidTrajectory(f"episode {traj.episode_id}: {name} has shape {arr.shape}, token_ids ({n},)")
+    if n < 2:
+        raise InvalidTrajectory(f"episode {traj.episode_id}: {n} tokens")
+    mask = np.asarray(traj.loss_mask, dtype=np.uint8).copy()
+    mask[0] = 0  # the first token has no context to be predicted from
+    if not mask.any():
+        raise InvalidTrajectory(f"episode {traj.episode_id}: no generated tokens")
+    gen_versions = traj.policy_version[mask > 0]
+    flags = {
+        "malformed": any(t.malformed_tool_call for t in traj.turns),
+        "repeated": any(t.repeated_action for t in traj.turns),
+        "has_logprobs": bool(traj.has_logprobs),
+        "mode": traj.mode,
+    }
+    return Sample(episode_id=traj.episode_id, token_ids=np.asarray(traj.token_ids, dtype=np.int64),
+                  logprobs=np.asarray(traj.logprobs, dtype=np.float32), loss_mask=mask,
+                  reward=float(traj.reward), min_version=int(gen_versions.min()), partition=partition,
+                  offset=offset, flags=flags)
+
+
+def stage_rejects(sample: Sample, stage: str) -> str:
+    """Why a stage does not train on this sample ('' = it does)."""
+    if stage == "rft":
+        if sample.reward <= 0:
+            return "rft_reward"
+        if sample.flags.get("malformed") or sample.flags.get("repeated"):
+            return "rft_filtered"
+    if stage in ("ppo", "warmup") and not sample.flags.get("has_logprobs", True):
+        return "no_logprobs"
+    return ""
+
+
+def pack(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
+    """Greedy length-sorted packing: each micro-batch has rows * max_len <= token_budget."""
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    cur_max = 0
+    for s in sorted(samples, key=lambda s: s.num_tokens, reverse=True):
+        new_max = max(cur_max, s.num_tokens)
+        if cur and new_max * (len(cur) + 1) > token_budget:
+            out.append(cur)
+            cur, new_max = [], s.num_tokens
+        cur.append(s)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long
+    loss_mask: torch.Tensor  # [B, T] float (targets that count)
+    logp_mu: torch.Tensor  # [B, T] behaviour log-probs of token t
+    reward: torch.Tensor  # [B]
+    episode_ids: list[str]
+
+    def to(self, device) -> "MicroBatch":
+        return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+                          self.logp_mu.to(device), self.reward.to(device), self.episode_ids)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def collate(samples: list[Sample], pad_id: int = 0) -> MicroBatch:
+    """Right-padded [B, T] tensors; padding has attention 0 and loss mask 0."""
+    T = max(s.num_tokens for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    lm = torch.zeros((B, T), dtype=torch.float32)
+    lp = torch.zeros((B, T), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = s.num_tokens
+        ids[i, :n] = torch.from_numpy(s.token_ids)
+        att[i, :n] = 1
+        lm[i, :n] = torch.from_numpy(s.loss_mask.astype(np.float32))
+        lp[i, :n] = torch.from_numpy(s.logprobs)
+    reward = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    return MicroBatch(ids, att, lm, lp, reward, [s.episode_id for s in samples])
+
+
+def empty_like_batch(pad_id: int = 0) -> MicroBatch:
+    """A one-token, zero-weight micro-batch: keeps ranks' collective calls in step when one has no data."""
+    z = torch.zeros((1, 2), dtype=torch.float32)
+    return MicroBatch(torch.full((1, 2), pad_id, dtype=torch.long), torch.ones((1, 2), dtype=torch.long),
+                      z.clone(), z.clone(), torch.zeros(1), [])

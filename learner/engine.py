@@ -1,0 +1,137 @@
+"""DeepSpeed set-up: process environment, engine config, and the distributed helpers the learner uses.
+
+On a machine without CUDA the CPU accelerator is used (gloo, fp32); its first
+start JIT-builds a shared-memory op, cached under <cache_dir>/torch_extensions
+(TORCH_EXTENSIONS_DIR) so later starts reuse it. Adam is torch's own
+(``torch_adam``), so nothing else is compiled.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from cluster.errors import SetupError
+
+log = logging.getLogger(__name__)
+
+
+def extensions_dir(cfg) -> str:
+    return str(Path(cfg.broker.cache_dir).expanduser() / "torch_extensions")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_env(cfg) -> None:
+    """Environment DeepSpeed reads at import and init; single-process defaults when no launcher set them."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(cfg))
+    Path(os.environ["TORCH_EXTENSIONS_DIR"]).mkdir(parents=True, exist_ok=True)
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        os.environ["DS_ACCELERATOR"] = "cuda" if torch.cuda.is_available() else "cpu"
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def on_gpu() -> bool:
+    return os.environ.get("DS_ACCELERATOR") == "cuda"
+
+
+def init_distributed() -> None:
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
+
+
+def ds_config(cfg, lr: float) -> dict:
+    lc = cfg.learner
+    if lc.dtype == "bf16" and not on_gpu():
+        raise SetupError("learner.dtype: 'bf16' needs a GPU here; use 'fp32' on CPU")
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # micro-batches vary per step: step() is the boundary
+        "gradient_clipping": lc.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                   "weight_decay": 0.0, "torch_adam": True}},
+        "zero_optimization": {"stage": lc.zero_stage},
+        "bf16": {"enabled": lc.dtype == "bf16"},
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def make_engine(model, cfg, lr: float):
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
+                                                                     if p.requires_grad],
+                                      config=ds_config(cfg, lr))
+    return engine
+
+
+def comm_device():
+    """Where collective tensors live: the current GPU under NCCL, the CPU under gloo."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if on_gpu() else torch.device("cpu")
+
+
+def device():
+    return comm_device()
+
+
+def rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def broadcast_object(obj, src: int = 0):
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def all_reduce_max(value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

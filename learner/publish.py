@@ -1,0 +1,92 @@
+"""Export the policy as a Hugging Face folder and send it as a new version through the configured transport.
+
+Every rank calls ``export_policy`` (ZeRO-3 gathers parameters collectively);
+rank 0 writes the folder (safetensors + config + the base model's tokenizer
+files) and publishes it with cluster.weights_transport, announcing only once all
+bytes are durable.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from cluster import weights_transport as wt
+from cluster.errors import SetupError
+from learner import engine as eng
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "generation_config.json")
+
+
+def _state_dict(module, zero_stage: int) -> dict | None:
+    rank, _ = eng.rank_world()
+    if zero_stage == 3:
+        import deepspeed
+
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if rank == 0 else None
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()} if rank == 0 else None
+
+
+def export_policy(module, zero_stage: int, out_dir: str | Path, base_path: str | None) -> Path | None:
+    """Write the policy's HF folder into out_dir on rank 0 (None on other ranks)."""
+    sd = _state_dict(module, zero_stage)
+    rank, _ = eng.rank_world()
+    if rank != 0:
+        return None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    module.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+    if base_path:
+        for name in TOKENIZER_FILES:
+            src = Path(base_path) / name
+            if src.is_file() and not (out / name).exists():
+                shutil.copyfile(src, out / name)
+    return out
+
+
+class Publisher:
+    """Rank 0's side of weight publishing; other ranks only take part in the export."""
+
+    def __init__(self, cfg, producer=None) -> None:
+        self.cfg = cfg
+        self.producer = producer
+        lc = cfg.learner
+        self.transport = lc.weight_transport
+        if self.transport == "nccl":
+            wt.publish_nccl()
+        if self.transport == "fs":
+            from cluster.config import cache_path
+
+            self.fs_root = lc.weight_fs_dir or str(cache_path(cfg, "weights"))
+        if self.transport == "kafka" and producer is None and eng.rank_world()[0] == 0:
+            raise SetupError("weight_transport 'kafka' needs a bus producer")
+
+    def publish(self, module, version: int, step: int, base_path: str | None):
+        """Export + send + announce version; returns (announcement, seconds) on rank 0, (None, s) elsewhere."""
+        lc = self.cfg.learner
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f"krl-export-v{version}-") as tmp:
+            folder = export_policy(module, lc.zero_stage, tmp, base_path)
+            ann = None
+            if folder is not None:
+                ann = self.send(folder, version, step)
+        eng.barrier()
+        return ann, time.perf_counter() - t0
+
+    def send(self, folder: Path, version: int, step: int):
+        lc = self.cfg.learner
+        if self.transport == "kafka":
+            ann = wt.publish_kafka(self.producer, lc.model_name, version, folder, lc.chunk_bytes, step=step)
+        else:
+            ann = wt.publish_fs(self.fs_root, lc.model_name, version, folder, step=step)
+        if self.producer is not None:
+            wt.announce(self.producer, ann)
+        log.info("published %s v%d (%d bytes via %s)", lc.model_name, version, ann.total_bytes, self.transport)
+        return ann

@@ -1,0 +1,222 @@
+"""The learner role's loop: read trajectories from Kafka, train, checkpoint, publish weights, log steps.
+
+Exactly-once: rank 0 reads the trajectories topic with a manually assigned
+consumer that seeks to the positions saved in the last checkpoint (the group's
+committed offsets are written only for lag dashboards, never read). A step's
+episodes and the positions after them enter the same checkpoint; the step's
+TrainStep record and its weights are published after that checkpoint, and
+re-published on restart if the crash came in between (the TrainStep only when
+the learner log does not hold it yet).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from cluster import metrics
+from learner import checkpoint as ckpt
+from learner import engine as eng
+from learner.ingest import Ingest
+from schemas import topics
+from schemas.messages import TrainStep, Trajectory
+
+log = logging.getLogger(__name__)
+
+GROUP = "learner"
+
+
+class LearnerRole:
+    def __init__(self, cfg, model_path: str, ckpt_dir: str, bus=None) -> None:
+        from learner.publish import Publisher
+        from learner.trainer import Trainer
+
+        self.cfg = cfg
+        self.model_path = model_path
+        self.ckpt_dir = ckpt_dir
+        self.rank, self.world = eng.rank_world()
+        self.trainer = Trainer(cfg, model_path)
+        state = ckpt.load(self.trainer, ckpt_dir) or {}
+        self.step = int(state.get("step", 0))
+        self.version = int(state.get("policy_version", 0))
+        self.ingest = Ingest.from_state(cfg.learner.stage, cfg.learner.max_staleness, state.get("ingest"))
+        self.ingest.seen.limit = cfg.learner.seen_ids_limit
+        self._pending = state.get("pending")  # publish/log work of the last checkpointed step
+        self._since_ckpt: dict[str, list[str]] = {"episode_ids": [], "dropped_stale": []}
+        self.bus = bus
+        self.producer = self.consumer = None
+        if self.rank == 0 and bus is not None:
+            self.producer = bus.producer(linger_ms=5)
+            self.consumer = self._open_consumer()
+        self.publisher = Publisher(cfg, self.producer)
+
+    # ---- Kafka ---------------------------------------------------------------------------
+    def _open_consumer(self):
+        from kafka import TopicPartition
+
+        probe = self.bus.producer()
+        parts = sorted(probe.partitions(topics.TRAJECTORIES) or [])
+        probe.close()
+        cons = self.bus.consumer([topics.TRAJECTORIES], GROUP, assign=[(topics.TRAJECTORIES, p) for p in parts],
+                                 expected=Trajectory)
+        full = self.bus.topic(topics.TRAJECTORIES)
+        for p in parts:
+            tp = TopicPartition(full, p)
+            if p in self.ingest.positions:
+                cons.kafka.seek(tp, self.ingest.positions[p])
+            else:
+                cons.kafka.seek_to_beginning(tp)
+        log.info("reading %s partitions %s from %s", full, parts, self.ingest.positions or "the beginning")
+        return cons
+
+    def _fill(self, want: int, deadline: float, stop: threading.Event) -> None:
+        while self.ingest.ready() < want and time.monotonic() < deadline and not stop.is_set():
+            for rec in self.consumer.poll(timeout_s=0.2):
+                self.ingest.offer(rec.msg, rec.partition, rec.offset)
+                metrics.inc("learner_trajectories_received")
+
+    def _commit_group(self) -> None:
+        """Mirror the checkpointed positions into the group (lag dashboards only)."""
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        full = self.bus.topic(topics.TRAJECTORIES)
+        offsets = {TopicPartition(full, p): OffsetAndMetadata(o, "", -1) for p, o in self.ingest.positions.items()}
+        try:
+            if offsets:
+                self.consumer.kafka.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 - dashboards only: never fail a step for it
+            log.debug("group commit skipped: %s", exc)
+
+    # ---- the loop ------------------------------------------------------------------------
+    def next_batch(self, stop: threading.Event, wait_s: float) -> list | None:
+        """Rank 0 gathers the next batch and broadcasts it; None = stop (all ranks agree)."""
+        samples = None
+        if self.rank == 0:
+            n = self.cfg.learner.batch_trajectories
+            deadline = time.monotonic() + wait_s
+            while not stop.is_set():
+                self._fill(n, deadline, stop)
+                samples = self.ingest.take(n, self.version)
+                if samples or time.monotonic() >= deadline:
+                    break
+            if stop.is_set():
+                samples = None
+        return eng.broadcast_object({"samples": samples})["samples"]
+
+    def run(self, max_steps: int = 0, stop: threading.Event | None = None, idle_wait_s: float = 3600.0) -> int:
+        stop = stop or threading.Event()
+        self._redo_pending()
+        done = 0
+        while not max_steps or self.step < max_steps:
+            samples = self.next_batch(stop, idle_wait_s)
+            if samples is None:
+                break
+            if not samples:
+                continue
+            self.train_one(samples)
+            done += 1
+        return done
+
+    def train_one(self, samples: list) -> dict:
+        lc = self.cfg.learner
+        m = self.trainer.step(samples)
+        self.step += 1
+        publish = self.step % lc.publish_every == 0
+        if publish:
+            self.version += 1
+        m["staleness_hist"] = {str(k): v for k, v in sorted(self.ingest.staleness.items())}
+        m["dropped"] = dict(self.ingest.dropped)
+        m["policy_version"] = self.version
+        self._since_ckpt["episode_ids"] += [s.episode_id for s in samples]
+        self._since_ckpt["dropped_stale"] += self.ingest.drain_stale()
+        if self.step % lc.checkpoint_every == 0 or publish:
+            pending = {"step": self.step, "version": self.version if publish else None, "metrics": m,
+                       **self._since_ckpt}
+            self.checkpoint(pending)
+            self._since_ckpt = {"episode_ids": [], "dropped_stale": []}
+            self._redo_pending()
+        self._record(m)
+        return m
+
+    def checkpoint(self, pending: dict | None) -> None:
+        state = {"step": self.step, "stage": self.cfg.learner.stage, "policy_version": self.version,
+                 "ingest": self.ingest.state(), "pending": pending}
+        self._pending = pending
+        ckpt.save(self.trainer, self.ckpt_dir, self.step, state, keep=self.cfg.learner.keep_checkpoints)
+        if self.rank == 0 and self.consumer is not None:
+            self._commit_group()
+
+    def _redo_pending(self) -> None:
+        """Publish weights / the TrainStep of the last checkpointed step (idempotent for receivers)."""
+        p, self._pending = self._pending, None
+        if not p:
+            return
+        if p.get("version") and p["version"] == self.version:
+            ann, secs = self.publisher.publish(self.trainer.policy_module(), p["version"], p["step"],
+                                               self.model_path)
+            metrics.observe("learner_publish_s", secs)
+            metrics.set_gauge("learner_policy_version", p["version"])
+        if self.rank == 0 and self.producer is not None and not self._logged(p["step"]):
+            nums = {k: v for k, v in p["metrics"].items()}
+            rec = TrainStep(step=p["step"], policy_version=self.version, stage=self.cfg.learner.stage,
+                            episode_ids=p["episode_ids"], metrics=nums, dropped_stale=p["dropped_stale"])
+            self.producer.send(topics.LEARNER_LOG, rec, key="learner").get(timeout=60)
+
+    def _logged(self, step: int) -> bool:
+        """Whether the learner log already holds this step (only each partition's last record is read)."""
+        parts = sorted(self.producer.partitions(topics.LEARNER_LOG) or [])
+        probe = self.bus.consumer([topics.LEARNER_LOG], None, assign=[(topics.LEARNER_LOG, p) for p in parts],
+                                  expected=TrainStep, dlq=False)
+        try:
+            tps = list(probe.kafka.assignment())
+            ends = probe.kafka.end_offsets(tps)
+            waiting = {tp.partition for tp, end in ends.items() if end > 0}
+            for tp, end in ends.items():
+                if end > 0:
+                    probe.kafka.seek(tp, end - 1)
+            last, deadline = -1, time.monotonic() + 15
+            while waiting and time.monotonic() < deadline:
+                for rec in probe.poll(timeout_s=0.5):
+                    last = max(last, rec.msg.step)
+                    waiting.discard(rec.partition)
+            return last >= step
+        finally:
+            probe.close()
+
+    def _record(self, m: dict) -> None:
+        metrics.inc("learner_steps")
+        metrics.inc("learner_tokens", m.get("tokens", 0.0))
+        for k, v in m.items():
+            if isinstance(v, (int, float)):
+                metrics.set_gauge(f"learner_{k}", v)
+        for reason, n in self.ingest.dropped.items():
+            metrics.set_gauge(f"learner_dropped_{reason}", n)
+        log.info("step %d v%d: %s", self.step, self.version,
+                 {k: round(v, 4) for k, v in m.items() if isinstance(v, float)})
+
+    def close(self) -> None:
+        for c in (self.consumer, self.producer):
+            if c is not None:
+                c.close()
+
+
+def default_ckpt_dir(cfg) -> str:
+    from cluster.config import cache_path
+
+    return cfg.learner.checkpoint_dir or str(cache_path(cfg, "learner-ckpt"))
+
+
+def model_path_for(cfg) -> str:
+    path = cfg.learner.model_path or cfg.actor.model_path
+    if path:
+        return path
+    from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
+
+    return build_tiny_model(default_tiny_model_dir(cfg))
+
+
+def ensure_dir(path: str) -> str:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,209 @@
+"""One optimisation step per stage (warmup / rft / critic / ppo) on DeepSpeed engines.
+
+Every rank receives the same list of samples; micro-batches are packed by token
+budget and dealt round-robin over ranks, padded with zero-weight micro-batches
+so every rank runs the same number of forward/backward passes (ZeRO reduces
+gradients during backward). Losses are token sums divided by the global token
+count times the world size, since DeepSpeed averages gradients over ranks.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import torch
+
+from learner import engine as eng
+from learner.data import MicroBatch, Sample, collate, empty_like_batch, pack
+from learner.models import Critic, load_critic, load_policy, token_logprobs
+from learner.objective import PPOParams, gae, ppo_policy_loss, sft_loss, value_loss
+
+log = logging.getLogger(__name__)
+
+STAGES = ("warmup", "rft", "critic", "ppo")
+
+
+class Trainer:
+    def __init__(self, cfg, model_path: str) -> None:
+        self.cfg = cfg
+        lc = cfg.learner
+        self.stage = lc.stage
+        self.rank, self.world = eng.rank_world()
+        self.device = eng.device()
+        dtype = torch.bfloat16 if lc.dtype == "bf16" else torch.float32
+        self.policy = eng.make_engine(load_policy(model_path, dtype), cfg, lc.actor_lr)
+        self.critic = eng.make_engine(load_critic(model_path, dtype), cfg, lc.critic_lr)
+        self.pad_id = int(getattr(self.policy.module.config, "pad_token_id", None) or 0)
+        self.params = PPOParams(clip_low=lc.clip_low, clip_high=lc.clip_high, mode=lc.off_policy,
+                                is_cap=lc.is_cap, mask_low=lc.is_mask_low, mask_high=lc.is_mask_high,
+                                value_clip=lc.value_clip)
+
+    # ---- data distribution -------------------------------------------------------------
+    def _local_batches(self, samples: list[Sample]) -> tuple[list[MicroBatch], list[MicroBatch]]:
+        """(this rank's micro-batches, padding micro-batches) with equal counts on every rank."""
+        groups = pack(samples, self.cfg.learner.token_budget)
+        mine = [collate(g, self.pad_id) for i, g in enumerate(groups) if i % self.world == self.rank]
+        n = eng.all_reduce_max(len(mine))
+        pads = [empty_like_batch(self.pad_id) for _ in range(n - len(mine))]
+        return mine, pads
+
+    def _global_tokens(self, batches: list[MicroBatch]) -> float:
+        local = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
+        return max(eng.all_reduce_sum([local])[0], 1.0)
+
+    # ---- passes --------------------------------------------------------------------------
+    def _logp(self, mb: MicroBatch, entropy: bool = False):
+        return token_logprobs(self.policy, mb.input_ids, mb.attention_mask, want_entropy=entropy,
+                              chunk=self.cfg.learner.logit_chunk)
+
+    def _values(self, mb: MicroBatch) -> torch.Tensor:
+        return self.critic(mb.input_ids, mb.attention_mask).float()
+
+    @torch.no_grad()
+    def _prepare(self, mb: MicroBatch, need_prox: bool, need_values: bool) -> dict:
+        """Proximal log-probs, old values, advantages and returns of one micro-batch (no grad)."""
+        self.policy.eval()
+        self.critic.eval()
+        out: dict = {}
+        if need_prox:
+            out["logp_prox"] = self._logp(mb)[0].float()
+        if need_values:
+            values = self._values(mb) * mb.loss_mask
+            adv = torch.zeros_like(values)
+            ret = torch.zeros_like(values)
+            for i in range(values.shape[0]):
+                a, r = gae(float(mb.reward[i]), values[i].cpu(), mb.loss_mask[i].cpu(),
+                           self.cfg.learner.gamma, self.cfg.learner.lam)
+                adv[i], ret[i] = a.to(values.device), r.to(values.device)
+            out.update(old_values=values, adv=adv, returns=ret)
+        return out
+
+    def _whiten(self, prepared: list[dict], batches: list[MicroBatch]) -> None:
+        s = sq = n = 0.0
+        for p, b in zip(prepared, batches):
+            m = b.loss_mask
+            s += float((p["adv"] * m).sum())
+            sq += float((p["adv"] ** 2 * m).sum())
+            n += float(m.sum())
+        s, sq, n = eng.all_reduce_sum([s, sq, n])
+        if n <= 0:
+            return
+        mean = s / n
+        std = max(sq / n - mean * mean, 0.0) ** 0.5
+        for p, b in zip(prepared, batches):
+            p["adv"] = (p["adv"] - mean) / (std + 1e-6) * b.loss_mask
+
+    # ---- steps ---------------------------------------------------------------------------
+    def step(self, samples: list[Sample]) -> dict:
+        t0 = time.perf_counter()
+        mine, pads = self._local_batches(samples)
+        batches = [b.to(self.device) for b in mine + pads]
+        if self.stage == "rft":
+            metrics = self._sft(batches)
+        elif self.stage == "critic":
+            metrics = self._ppo(batches, train_policy=False)
+        else:
+            metrics = self._ppo(batches, train_policy=True)
+        tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
+        metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
+        return metrics
+
+    def _sft(self, batches: list[MicroBatch]) -> dict:
+        norm = self._global_tokens(batches) / self.world
+        self.policy.train()
+        acc = defaultdict(float)
+        for mb in batches:
+            logp, ent = self._logp(mb, entropy=True)
+            loss = sft_loss(logp, mb.loss_mask, normaliser=norm)
+            self.policy.backward(loss, scale_wrt_gas=False)
+            acc["loss"] += float(loss.detach()) / self.world
+            acc["entropy_sum"] += float((ent * mb.loss_mask).sum())
+            acc["n"] += float(mb.loss_mask.sum())
+        self.policy.step()
+        return self._finish(acc, ("entropy",))
+
+    def _ppo(self, batches: list[MicroBatch], train_policy: bool) -> dict:
+        lc = self.cfg.learner
+        need_prox = train_policy and self.params.mode != "none"
+        prepared = [self._prepare(mb, need_prox, need_values=True) for mb in batches]
+        if lc.whiten_advantages and train_policy:
+            self._whiten(prepared, batches)
+        norm = self._global_tokens(batches) / self.world
+        acc = defaultdict(float)
+        for _ in range(lc.ppo_epochs):
+            self.policy.train()
+            self.critic.train()
+            for mb, prep in zip(batches, prepared):
+                m = mb.loss_mask
+                n_tok = float(m.sum())
+                acc["n"] += n_tok
+                if train_policy:
+                    logp, ent = self._logp(mb, entropy=True)
+                    prox = prep.get("logp_prox", mb.logp_mu)
+                    loss, st = ppo_policy_loss(logp, prox, mb.logp_mu, prep["adv"], m, self.params, norm)
+                    self.policy.backward(loss, scale_wrt_gas=False)
+                    acc["policy_loss"] += float(loss.detach()) / self.world
+                    acc["entropy_sum"] += float((ent * m).sum())
+                    for k in ("clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean"):
+                        acc[k + "_sum"] += float(st[k]) * n_tok
+                    acc["is_w_max"] = max(acc["is_w_max"], float(st["is_w_max"]))
+                values = self._values(mb)
+                vloss, vst = value_loss(values, prep["old_values"], prep["returns"], m, lc.value_clip, norm)
+                self.critic.backward(vloss, scale_wrt_gas=False)
+                acc["value_loss"] += float(vloss.detach()) / self.world
+                acc["value_err_sum"] += float(vst["value_err"]) * n_tok
+                acc["value_clip_frac_sum"] += float(vst["value_clip_frac"]) * n_tok
+            if train_policy:
+                self.policy.step()
+            self.critic.step()
+        for key in ("policy_loss", "value_loss"):
+            acc[key] /= lc.ppo_epochs
+        keys = ("entropy", "clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean",
+                "value_err", "value_clip_frac") if train_policy else ("value_err", "value_clip_frac")
+        out = self._finish(acc, keys)
+        if train_policy:
+            out["is_w_max"] = self._max(acc["is_w_max"])
+        return out
+
+    def _finish(self, acc: dict, mean_keys: tuple[str, ...]) -> dict:
+        """Token-weighted means over all ranks; losses summed over ranks (each already a share)."""
+        loss_keys = [k for k in ("loss", "policy_loss", "value_loss") if k in acc]
+        sums = eng.all_reduce_sum([acc["n"]] + [acc[k + "_sum"] for k in mean_keys] + [acc[k] for k in loss_keys])
+        n = max(sums[0], 1.0)
+        out = {k: sums[1 + i] / n for i, k in enumerate(mean_keys)}
+        out.update({k: sums[1 + len(mean_keys) + i] for i, k in enumerate(loss_keys)})
+        return out
+
+    def _max(self, value: float) -> float:
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=eng.comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    # ---- evaluation helpers (tests, bench) ------------------------------------------------
+    @torch.no_grad()
+    def eval_loss(self, samples: list[Sample]) -> float:
+        """The current stage's objective on the samples without updating (for tests of descent)."""
+        batches = [collate(g, self.pad_id).to(self.device) for g in pack(samples, self.cfg.learner.token_budget)]
+        self.policy.eval()
+        self.critic.eval()
+        total = 0.0
+        n = sum(float(b.loss_mask.sum()) for b in batches)
+        for mb in batches:
+            if self.stage == "rft":
+                total += float(sft_loss(self._logp(mb)[0], mb.loss_mask, normaliser=n))
+            else:
+                prep = self._prepare(mb, need_prox=False, need_values=True)
+                total += float(value_loss(self._values(mb), prep["old_values"], prep["returns"],
+                                          mb.loss_mask, 1e9, n)[0])
+        return total
+
+    def policy_module(self):
+        return self.policy.module
+
+    def critic_module(self) -> Critic:
+        return self.critic.module

@@ -1,0 +1,159 @@
+"""CUDA backend: nvcc for .cu, g++ for .cpp, one library; CUDA-event timing after an L2 flush.
+
+Toolkit discovery: $CUDA_HOME, `nvcc` on PATH, /usr/local/cuda, or the PyPI
+wheels (nvidia-cuda-nvcc and header packages under site-packages/nvidia/cu13).
+The library links cudart dynamically (and cuBLAS/cuDNN when asked by flag).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import site
+import time
+from pathlib import Path
+
+from sandbox_workers.backends.base import INFRA_SOURCES, LIBRARY_NAME, Builder, Runtime, tool_version
+from sandbox_workers.backends.cpu import cpu_model
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_home() -> Path | None:
+    """The CUDA toolkit root holding bin/nvcc, include/ and lib(64)/."""
+    cands = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append(Path(os.environ[var]))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(Path(nvcc).resolve().parent.parent)
+    cands.append(Path("/usr/local/cuda"))
+    for sp in site.getsitepackages():
+        cands += [Path(sp) / "nvidia" / "cu13", Path(sp) / "nvidia" / "cuda_nvcc"]
+    for c in cands:
+        if (c / "bin" / "nvcc").is_file():
+            return c
+    return None
+
+
+def _lib_dir(home: Path) -> Path:
+    for name in ("lib64", "lib", "targets/x86_64-linux/lib"):
+        if (home / name).is_dir():
+            return home / name
+    return home / "lib"
+
+
+class CudaBuilder(Builder):
+    name = "cuda"
+
+    def toolchain_id(self) -> str:
+        home = cuda_home()
+        nvcc = str(home / "bin" / "nvcc") if home else "nvcc"
+        return f"{tool_version(nvcc)} | {tool_version('g++')}"
+
+    def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
+        home = cuda_home()
+        if home is None:
+            raise FileNotFoundError("nvcc not found: set CUDA_HOME or install the CUDA toolkit "
+                                    "(pip install nvidia-cuda-nvcc nvidia-cuda-runtime)")
+        arches = [a.strip() for a in (cfg.sandbox.cuda_arch or "90").split(",") if a.strip()]
+        gencode = []
+        for a in arches:
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        gencode += ["-gencode", f"arch=compute_{arches[-1]},code=compute_{arches[-1]}"]  # PTX for newer GPUs
+        libs = [f for f in extra_flags if f.startswith("-l")]
+        user = [f for f in extra_flags if not f.startswith("-l")]
+        nv_user = [f for f in user if not f.startswith("-m")]  # host -m flags go to g++ only
+        inc = f"-I{home / 'include'}"
+        nvflags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Iinfra", "-Ikernels", inc,
+                   *gencode, *nv_user]
+        cflags = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Iinfra", "-Ikernels", inc, *user]
+        libdir = _lib_dir(home)
+        ldflags = ["-shared", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lcudart", *libs]
+        lines = [
+            "ninja_required_version = 1.3",
+            f"nvcc = {shlex.quote(str(home / 'bin' / 'nvcc'))}",
+            f"nvflags = {' '.join(shlex.quote(f) for f in nvflags)}",
+            f"cflags = {' '.join(shlex.quote(f) for f in cflags)}",
+            f"ldflags = {' '.join(shlex.quote(f) for f in ldflags)}",
+            "rule nvcc",
+            "  command = $nvcc $nvflags -MD -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "rule cxx",
+            "  command = g++ $cflags -MMD -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "rule link",
+            "  command = g++ $in -o $out $ldflags",
+        ]
+        objs = []
+        for src in sources + [f"infra/{s}" for s in INFRA_SOURCES]:
+            obj = "obj/" + src.replace("/", "_") + ".o"
+            objs.append(obj)
+            lines.append(f"build {obj}: {'nvcc' if src.endswith('.cu') else 'cxx'} {src}")
+        lines.append(f"build {LIBRARY_NAME}: link {' '.join(objs)}")
+        return "\n".join(lines) + "\n"
+
+
+class CudaRuntime(Runtime):
+    """CUDA events on the current stream, an L2-sized buffer zeroed before each trial.
+
+    Short calls are timed as a batch of back-to-back launches per trial (set by
+    Runtime.time_callable). Each trial also records host wall time after a full
+    device synchronise; `side_stream_ratio` compares the two so work hidden on
+    another stream (event time << wall time) is caught.
+    """
+
+    device = "cuda"
+
+    def __init__(self, flush_mb: int = 256, threads: int = 0):
+        import torch
+
+        self._torch = torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA backend: no usable GPU in this process")
+        self.flush_bytes = max(1, flush_mb) * 1024 * 1024
+        self._buf = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device="cuda")
+        self._Event = torch.cuda.Event
+        self._sync = torch.cuda.synchronize
+        self._clock = time.perf_counter
+        self.wall_over_event: list[float] = []
+
+    def sync(self) -> None:
+        self._sync()
+
+    def flush(self) -> None:
+        self._buf.zero_()
+
+    def time_batch(self, fn, batch: int) -> float:
+        self.flush()
+        start, end = self._Event(enable_timing=True), self._Event(enable_timing=True)
+        self._sync()
+        w0 = self._clock()
+        start.record()
+        for _ in range(batch):
+            fn()
+        end.record()
+        self._sync()
+        wall = self._clock() - w0
+        ev = start.elapsed_time(end) / 1000.0
+        if ev > 0:
+            self.wall_over_event.append(wall / ev)
+        return ev
+
+    def device_name(self) -> str:
+        return self._torch.cuda.get_device_name()
+
+    def clock_info(self) -> dict:
+        info = {"flush_bytes": self.flush_bytes, "host_cpu": cpu_model()}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            info.update(uuid=pynvml.nvmlDeviceGetUUID(h),
+                        sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                        mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
+        except Exception as exc:  # noqa: BLE001 - NVML is optional evidence
+            info["nvml_error"] = str(exc)
+        return info

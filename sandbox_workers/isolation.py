@@ -1,0 +1,147 @@
+"""Run an untrusted command: fresh process group, rlimits, wall-clock deadline, no network.
+
+Network isolation uses a new network namespace (``unshare -n`` as root,
+``unshare -rn`` as a normal user); resource limits use ``prlimit`` (util-linux),
+so nothing runs in the worker's own process between fork and exec. When no
+namespace can be made the run still happens and ``network_isolated`` says so.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+# Environment variables passed through to sandboxed children (everything else is dropped).
+_PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
+             "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH", "TMPDIR")
+
+
+@dataclass
+class Limits:
+    """Resource limits of one sandboxed run (0 = unlimited)."""
+
+    wall_s: float = 60.0
+    cpu_s: int = 0
+    memory_mb: int = 0  # RLIMIT_AS
+    file_size_mb: int = 0  # RLIMIT_FSIZE
+    max_procs: int = 0  # RLIMIT_NPROC (not set when running as root: it is per-user)
+
+
+@dataclass
+class RunOutcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    timed_out: bool = False
+    network_isolated: bool = False
+    signal: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_prefix() -> tuple[str, ...]:
+    """The command prefix that puts a child in a fresh network namespace, or () if none works."""
+    if os.environ.get("KRL_SANDBOX_NO_UNSHARE") == "1" or not shutil.which("unshare"):
+        log.warning("sandbox: no network isolation (unshare unavailable or disabled)")
+        return ()
+    candidates = (("unshare", "-n", "--"), ("unshare", "-rn", "--")) if os.geteuid() == 0 else \
+        (("unshare", "-rn", "--"), ("unshare", "-n", "--"))
+    for prefix in candidates:
+        try:
+            r = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if r.returncode == 0:
+            return prefix
+    log.warning("sandbox: cannot create a network namespace here; children keep the host network")
+    return ()
+
+
+def limits_prefix(limits: Limits) -> tuple[str, ...]:
+    if not shutil.which("prlimit"):
+        log.warning("sandbox: prlimit not found; running without resource limits")
+        return ()
+    args = ["prlimit", "--core=0"]
+    if limits.cpu_s:
+        args.append(f"--cpu={int(limits.cpu_s)}")
+    if limits.memory_mb:
+        args.append(f"--as={int(limits.memory_mb) * 1024 * 1024}")
+    if limits.file_size_mb:
+        args.append(f"--fsize={int(limits.file_size_mb) * 1024 * 1024}")
+    if limits.max_procs and os.geteuid() != 0:
+        args.append(f"--nproc={int(limits.max_procs)}")
+    return (*args, "--")
+
+
+def sandbox_env(extra: dict[str, str] | None = None, home: str | None = None) -> dict[str, str]:
+    """A minimal environment: no credentials, no proxies, no kernelrl config overrides."""
+    env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    if home:
+        env["HOME"] = home
+    env.update(extra or {})
+    return env
+
+
+def run_sandboxed(argv: list[str], *, cwd: str, limits: Limits, env: dict[str, str],
+                  stdin: bytes = b"", network: bool = False, max_output_chars: int = 0) -> RunOutcome:
+    """Run argv isolated; on deadline kill its whole process group. Never raises for the child's failures."""
+    net = () if network else network_isolation_prefix()
+    cmd = [*net, *limits_prefix(limits), *argv]
+    t0 = time.monotonic()
+    timed_out = False
+    with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=fout,
+                                    stderr=ferr, start_new_session=True)
+        except OSError as exc:
+            return RunOutcome(127, "", f"cannot start {argv[0]}: {exc}", 0.0, network_isolated=bool(net))
+        try:
+            proc.communicate(stdin, timeout=limits.wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_group(proc)  # the deadline, or leftovers (grandchildren) of a finished child
+            proc.wait()
+        out, err = _read_capped(fout, max_output_chars), _read_capped(ferr, max_output_chars)
+    rc = proc.returncode
+    sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else ""
+    return RunOutcome(rc, out, err, time.monotonic() - t0, timed_out, bool(net), sig)
+
+
+def _read_capped(f, limit: int) -> str:
+    """Head and tail of a (possibly huge) output file, never all of it in memory."""
+    size = f.seek(0, os.SEEK_END)
+    cap = limit if limit > 0 else 1 << 20
+    if size <= cap:
+        f.seek(0)
+        return f.read().decode(errors="replace")
+    head, tail = cap * 2 // 3, cap - cap * 2 // 3
+    f.seek(0)
+    a = f.read(head)
+    f.seek(size - tail)
+    b = f.read(tail)
+    return (f"{a.decode(errors='replace')}\n... [{size - cap} bytes truncated] ...\n"
+            f"{b.decode(errors='replace')}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

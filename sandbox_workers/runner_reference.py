@@ -1,0 +1,64 @@
+"""Reference child: expected outputs for several seeds, saved for the candidate; eager/compile baselines."""
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+from sandbox_workers.backends import get_runtime
+from sandbox_workers.runner_common import (flatten_outputs, load_task, make_prepare, seed_all, timing_pool,
+                                           to_device, versions)
+
+
+def run_reference(spec: dict) -> dict:
+    backend = spec["backend"]
+    runtime = get_runtime(backend, **spec.get("runtime", {}))
+    device = runtime.device
+    task = load_task(spec["task_source"])
+    seed = int(spec["seed"])
+    seed_all(seed)
+    init_inputs = list(task.get_init_inputs())
+    seed_all(seed)
+    model = task.Model(*init_inputs).to(device).eval()
+    trials = []
+    with torch.no_grad():
+        for s in spec["trial_seeds"]:
+            seed_all(int(s))
+            inputs = list(task.get_inputs())
+            outs = flatten_outputs(model(*to_device(inputs, device)))
+            trials.append({"seed": int(s), "inputs": [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs],
+                           "outputs": [o.detach().cpu() for o in outs]})
+    sig = [p for p in inspect.signature(task.Model.__init__).parameters if p != "self"]
+    data = {"init_inputs": init_inputs, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "trials": trials, "ctor_params": sig}
+    torch.save(data, spec["data_path"])
+    result = {"ok": True, "versions": versions(runtime), "clock": runtime.clock_info(),
+              "outputs": [[list(o.shape), str(o.dtype)] for o in trials[0]["outputs"]], "baselines": {}}
+    if spec.get("timing"):
+        result["baselines"] = _baselines(model, trials, runtime, spec)
+    return result
+
+
+def _baselines(model, trials, runtime, spec) -> dict:
+    tcfg = spec["timing"]
+    pool = timing_pool(trials, runtime.device)
+    live = [x.clone() if isinstance(x, torch.Tensor) else x for x in pool[0]]
+    out = {}
+    variants = [("eager", model)]
+    if spec.get("compile_baseline", True):
+        variants.append(("compile", torch.compile(model)))
+    with torch.no_grad():
+        for name, fn_model in variants:
+            t0 = time.monotonic()
+            try:
+                fn_model(*live)  # first call: torch.compile compiles here, outside the timed region
+                runtime.sync()
+            except Exception as exc:  # noqa: BLE001 - a task inductor cannot compile keeps the eager baseline
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                continue
+            warm_s = time.monotonic() - t0
+            stats = runtime.time_callable(lambda m=fn_model: m(*live), prepare=make_prepare(live, pool), **tcfg)
+            stats["first_call_s"] = warm_s
+            out[name] = stats
+    return out
