@@ -124,7 +124,7 @@ class LocalTools:
             _kill_group(proc.pid)
             raise
         text = out.decode("utf-8", "replace")
-        body = truncate(text, self.max_output_chars)
+        body = truncate(text, self.max_output_chars).rstrip("\n")
         return ToolResult(f"{body}\n[exit code {proc.returncode}]".lstrip("\n"), ok=proc.returncode == 0)
 
     async def _t_read(self, path: str, offset: int = 0, limit: int = MAX_READ_LINES) -> ToolResult:

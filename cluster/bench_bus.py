@@ -2,7 +2,8 @@
 
 All numbers come from the same run on the same broker: ``raw_*`` is a ping-pong of
 plain kafka-python producers/consumers through two topics (library defaults, manual
-assignment), ``rtt_*`` is RequestClient -> serve() with a null handler -> reply.
+assignment), ``rtt_*`` is RequestClient -> serve() with a null handler -> reply. The
+two are interleaved request by request so machine noise hits both alike.
 """
 from __future__ import annotations
 
@@ -50,94 +51,121 @@ def bench_codec(n: int = 30) -> float:
     return statistics.median(times)
 
 
-def bench_raw(cfg, bootstrap: str, n: int, warmup: int) -> list[float]:
-    """Plain kafka-python ping-pong through two single-partition topics."""
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+class RawPingPong:
+    """Plain kafka-python ping-pong through two single-partition topics (library defaults)."""
 
-    stamp = f"{int(time.time() * 1000)}"
-    ping, pong = f"{cfg.bus.topic_prefix}bench.ping.{stamp}", f"{cfg.bus.topic_prefix}bench.pong.{stamp}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics({ping: {"num_partitions": 1, "replication_factor": 1},
-                         pong: {"num_partitions": 1, "replication_factor": 1}}, wait_for_metadata=True)
-    stop, ready = threading.Event(), threading.Event()
+    def __init__(self, cfg, bootstrap: str):
+        from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-    def ponger():
+        stamp = f"{int(time.time() * 1000)}"
+        self.ping = f"{cfg.bus.topic_prefix}bench.ping.{stamp}"
+        self.pong = f"{cfg.bus.topic_prefix}bench.pong.{stamp}"
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        self.admin.create_topics({self.ping: {"num_partitions": 1, "replication_factor": 1},
+                                  self.pong: {"num_partitions": 1, "replication_factor": 1}},
+                                 wait_for_metadata=True)
+        self.stop, ready = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._ponger, args=(bootstrap, ready), daemon=True)
+        self.thread.start()
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        tp = TopicPartition(self.pong, 0)
+        self.consumer.assign([tp])
+        self.consumer.position(tp)
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap)
+        self.n = 0
+        if not ready.wait(30):
+            raise TimeoutError("raw ponger did not start")
+
+    def _ponger(self, bootstrap: str, ready: threading.Event) -> None:
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
         c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        c.assign([TopicPartition(ping, 0)])
-        c.position(TopicPartition(ping, 0))
+        c.assign([TopicPartition(self.ping, 0)])
+        c.position(TopicPartition(self.ping, 0))
         p = KafkaProducer(bootstrap_servers=bootstrap)
         ready.set()
-        while not stop.is_set():
+        while not self.stop.is_set():
             for recs in c.poll(timeout_ms=100).values():
                 for r in recs:
-                    p.send(pong, r.value)
+                    p.send(self.pong, r.value)
         c.close()
         p.close()
 
-    th = threading.Thread(target=ponger, daemon=True)
-    th.start()
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    c.assign([TopicPartition(pong, 0)])
-    c.position(TopicPartition(pong, 0))
-    ready.wait(30)
-    p = KafkaProducer(bootstrap_servers=bootstrap)
-    lat = []
-    try:
-        for i in range(n + warmup):
-            payload = i.to_bytes(8, "little") + b"x" * 120
-            t = time.perf_counter()
-            p.send(ping, payload)
-            got = False
-            while not got:
-                for recs in c.poll(timeout_ms=1000).values():
-                    got = got or any(r.value[:8] == payload[:8] for r in recs)
-                if time.perf_counter() - t > 30:
-                    raise TimeoutError("raw ping-pong: no pong within 30 s")
-            if i >= warmup:
-                lat.append((time.perf_counter() - t) * 1000)
-    finally:
-        stop.set()
-        th.join(timeout=5)
-        c.close()
-        p.close()
-        admin.delete_topics([ping, pong])
-        admin.close()
-    return lat
+    def one(self) -> float:
+        self.n += 1
+        payload = self.n.to_bytes(8, "little") + b"x" * 120
+        t = time.perf_counter()
+        self.producer.send(self.ping, payload)
+        while True:
+            for recs in self.consumer.poll(timeout_ms=1000).values():
+                if any(r.value[:8] == payload[:8] for r in recs):
+                    return (time.perf_counter() - t) * 1000
+            if time.perf_counter() - t > 30:
+                raise TimeoutError("raw ping-pong: no pong within 30 s")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.consumer.close()
+        self.producer.close()
+        self.admin.delete_topics([self.ping, self.pong])
+        self.admin.close()
 
 
-def bench_rpc(cfg, bootstrap: str, n: int, warmup: int) -> list[float]:
+class RpcPingPong:
     """RequestClient -> serve(null handler) -> reply, through kernelrl's topics."""
-    from cluster.bus import Bus, RequestClient, serve
-    from schemas import topics as T
-    from schemas.messages import CompileRequest, CompileResult, RequestHeader
 
-    bus = Bus(cfg, client_id="bench", bootstrap=bootstrap)
-    bus.ensure_topics()
-    stop, ready = threading.Event(), threading.Event()
-    group = f"bench-null-{int(time.time() * 1000)}"
+    def __init__(self, cfg, bootstrap: str):
+        from cluster.bus import Bus, RequestClient, serve
+        from schemas import topics as T
 
-    def null(msg):
+        self.bus = Bus(cfg, client_id="bench", bootstrap=bootstrap)
+        self.bus.ensure_topics()
+        self.stop, ready = threading.Event(), threading.Event()
+        group = f"bench-null-{int(time.time() * 1000)}"
+        self.thread = threading.Thread(target=serve, args=(self.bus, T.TOOL_COMPILE, group, self._null, self.stop),
+                                       kwargs={"on_ready": ready.set}, daemon=True)
+        self.thread.start()
+        if not ready.wait(30):
+            raise TimeoutError("null worker did not join its group")
+        self.client = RequestClient(self.bus, "bench-client")
+
+    @staticmethod
+    def _null(msg):
+        from schemas.messages import CompileResult
+
         return CompileResult(request_id=msg.header.request_id, episode_id=msg.episode_id, ok=True)
 
-    th = threading.Thread(target=serve, args=(bus, T.TOOL_COMPILE, group, null, stop),
-                          kwargs={"on_ready": ready.set}, daemon=True)
-    th.start()
-    ready.wait(30)
-    client = RequestClient(bus, "bench-client")
-    lat = []
+    def one(self) -> float:
+        from schemas import topics as T
+        from schemas.messages import CompileRequest, RequestHeader
+
+        req = CompileRequest(header=RequestHeader(), episode_id="ep-bench", files={"model_new.py": "x = 1\n"})
+        t = time.perf_counter()
+        self.client.request(T.TOOL_COMPILE, req, timeout_s=30, retries=0)
+        return (time.perf_counter() - t) * 1000
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.client.close()
+        self.bus.close()
+
+
+def bench_rtt(cfg, bootstrap: str, n: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Interleave raw and bus round trips so both see the same machine load."""
+    raw, rpc = RawPingPong(cfg, bootstrap), RpcPingPong(cfg, bootstrap)
+    raw_lat, rpc_lat = [], []
     try:
         for i in range(n + warmup):
-            req = CompileRequest(header=RequestHeader(), episode_id="ep-bench", files={"model_new.py": "x = 1\n"})
-            t = time.perf_counter()
-            client.request(T.TOOL_COMPILE, req, timeout_s=30, retries=0)
+            pair = (raw.one(), rpc.one()) if i % 2 else tuple(reversed((rpc.one(), raw.one())))
             if i >= warmup:
-                lat.append((time.perf_counter() - t) * 1000)
+                raw_lat.append(pair[0])
+                rpc_lat.append(pair[1])
     finally:
-        stop.set()
-        th.join(timeout=10)
-        client.close()
-        bus.close()
-    return lat
+        raw.close()
+        rpc.close()
+    return raw_lat, rpc_lat
 
 
 def run_bench(args, cfg) -> dict:
@@ -150,8 +178,7 @@ def run_bench(args, cfg) -> dict:
     try:
         bootstrap = broker.bootstrap_servers(cfg)
         n, warmup = args.requests, max(20, args.requests // 10)
-        raw = bench_raw(cfg, bootstrap, n, warmup)
-        rpc = bench_rpc(cfg, bootstrap, n, warmup)
+        raw, rpc = bench_rtt(cfg, bootstrap, n, warmup)
         codec_ms = bench_codec()
     finally:
         if started:

@@ -140,7 +140,7 @@ class Trainer:
                 acc["n"] += n_tok
                 if train_policy:
                     logp, ent = self._logp(mb, entropy=True)
-                    prox = prep.get("logp_prox", mb.logp_mu)
+                    prox = prep.get("logp_prox", logp.detach())  # mode none: KL stats vs current pi
                     loss, st = ppo_policy_loss(logp, prox, mb.logp_mu, prep["adv"], m, self.params, norm)
                     self.policy.backward(loss, scale_wrt_gas=False)
                     acc["policy_loss"] += float(loss.detach()) / self.world

@@ -14,10 +14,26 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+
+# Children alive right now (pid -> Popen), so a worker's SIGTERM handler can abandon its job.
+_LIVE: dict[int, subprocess.Popen] = {}
+_LIVE_LOCK = threading.Lock()
+ABORTED = threading.Event()
+
+
+def abort_all() -> int:
+    """Kill every running sandboxed child (their results are discarded). Returns how many."""
+    ABORTED.set()
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    for p in procs:
+        _kill_group(p)
+    return len(procs)
 
 # Environment variables passed through to sandboxed children (everything else is dropped).
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
@@ -111,6 +127,10 @@ def run_sandboxed(argv: list[str], *, cwd: str, limits: Limits, env: dict[str, s
                                     stderr=ferr, start_new_session=True)
         except OSError as exc:
             return RunOutcome(127, "", f"cannot start {argv[0]}: {exc}", 0.0, network_isolated=bool(net))
+        with _LIVE_LOCK:
+            _LIVE[proc.pid] = proc
+        if ABORTED.is_set():
+            _kill_group(proc)
         try:
             proc.communicate(stdin, timeout=limits.wall_s)
         except subprocess.TimeoutExpired:
@@ -118,6 +138,8 @@ def run_sandboxed(argv: list[str], *, cwd: str, limits: Limits, env: dict[str, s
         finally:
             _kill_group(proc)  # the deadline, or leftovers (grandchildren) of a finished child
             proc.wait()
+            with _LIVE_LOCK:
+                _LIVE.pop(proc.pid, None)
         out, err = _read_capped(fout, max_output_chars), _read_capped(ferr, max_output_chars)
     rc = proc.returncode
     sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any
@@ -32,7 +33,10 @@ def _nd_to_wire(arr: np.ndarray) -> dict:
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     arr = np.ascontiguousarray(arr)
-    return {"__nd__": [arr.dtype.str, list(arr.shape)], "b": arr.tobytes()}
+    if arr.dtype.str not in _ALLOWED_DTYPES:
+        raise SchemaError(f"array dtype {arr.dtype.str!r} not allowed")
+    # a byte view, not a copy: msgpack copies it once into the output buffer
+    return {"__nd__": [arr.dtype.str, list(arr.shape)], "b": memoryview(arr.reshape(-1)).cast("B")}
 
 
 def _nd_from_wire(path: str, obj: dict) -> np.ndarray:
@@ -42,9 +46,10 @@ def _nd_from_wire(path: str, obj: dict) -> np.ndarray:
         raise SchemaError(f"{path}: malformed array") from None
     if dtype not in _ALLOWED_DTYPES:
         raise SchemaError(f"{path}: array dtype {dtype!r} not allowed")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(type(s) is int and s >= 0 for s in shape)):
         raise SchemaError(f"{path}: bad array shape {shape!r}")
-    n = int(np.prod(shape)) if shape else 1
+    n = math.prod(shape)
     if n > LIMITS["max_array_elems"]:
         raise SchemaError(f"{path}: array of {n} elements exceeds limit {LIMITS['max_array_elems']}")
     dt = np.dtype(dtype)
@@ -70,6 +75,7 @@ encode_json_safe = to_plain
 
 
 def _default(obj: Any) -> Any:
+    """msgpack fallback for values inside free-form (Any) fields."""
     if isinstance(obj, np.ndarray):
         return _nd_to_wire(obj)
     if isinstance(obj, np.generic):
@@ -79,9 +85,181 @@ def _default(obj: Any) -> Any:
     raise SchemaError(f"cannot encode value of type {type(obj).__name__}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Per-annotation converters, compiled once per type: ``dec(path, wire) -> value`` checks a
+# decoded wire value and builds the field; ``enc(path, value) -> wire`` checks an outgoing
+# field and turns it into msgpack-ready data. One walk each way, same error messages.
+
+_MAX_STR, _MAX_BYTES, _MAX_ITEMS = LIMITS["max_str_chars"], LIMITS["max_bytes"], LIMITS["max_list_items"]
+
+
+def _check_size(path: str, value: Any) -> None:
+    t = type(value)
+    if t is str:
+        if len(value) > _MAX_STR:
+            raise SchemaError(f"{path}: string of {len(value)} chars exceeds limit {_MAX_STR}")
+    elif t is bytes:
+        if len(value) > _MAX_BYTES:
+            raise SchemaError(f"{path}: {len(value)} bytes exceeds limit {_MAX_BYTES}")
+    elif t is list or t is dict:
+        if len(value) > _MAX_ITEMS:
+            raise SchemaError(f"{path}: {len(value)} items exceeds limit {_MAX_ITEMS}")
+
+
+def _tname(value: Any) -> str:
+    return type(value).__name__
+
+
+def _scalar(typ: type):
+    if typ is float:
+        def dec(path, v):
+            if type(v) is float:
+                return v
+            if type(v) is int:
+                return float(v)
+            raise SchemaError(f"{path}: expected float, got {_tname(v)}")
+
+        def enc(path, v):
+            if type(v) is float or type(v) is int or isinstance(v, (np.floating, np.integer)):
+                return float(v)
+            raise SchemaError(f"{path}: expected float, got {_tname(v)}")
+        return dec, enc
+    if typ is int:
+        def dec(path, v):
+            if type(v) is int:
+                return v
+            raise SchemaError(f"{path}: expected int, got {_tname(v)}")
+
+        def enc(path, v):
+            if type(v) is int:
+                return v
+            if isinstance(v, np.integer):
+                return int(v)
+            raise SchemaError(f"{path}: expected int, got {_tname(v)}")
+        return dec, enc
+    if typ is bool:
+        def dec(path, v):
+            if type(v) is bool:
+                return v
+            raise SchemaError(f"{path}: expected bool, got {_tname(v)}")
+
+        def enc(path, v):
+            if type(v) is bool or type(v) is np.bool_:
+                return bool(v)
+            raise SchemaError(f"{path}: expected bool, got {_tname(v)}")
+        return dec, enc
+    if typ is str:
+        def dec(path, v):
+            if type(v) is str:
+                if len(v) > _MAX_STR:
+                    _check_size(path, v)
+                return v
+            raise SchemaError(f"{path}: expected str, got {_tname(v)}")
+        return dec, dec
+    if typ is bytes:
+        def dec(path, v):
+            if type(v) is bytes:
+                if len(v) > _MAX_BYTES:
+                    _check_size(path, v)
+                return v
+            raise SchemaError(f"{path}: expected bytes, got {_tname(v)}")
+
+        def enc(path, v):
+            if isinstance(v, (bytearray, memoryview)):
+                v = bytes(v)
+            return dec(path, v)
+        return dec, enc
+    return None
+
+
+def _any_dec(path, v):
+    _check_size(path, v)
+    return v
+
+
+def _none_dec(path, v):
+    if v is not None:
+        raise SchemaError(f"{path}: expected null")
+    return None
+
+
+def _nd_enc(path: str, v: Any) -> dict:
+    if not isinstance(v, np.ndarray):
+        raise SchemaError(f"{path}: expected an array, got {_tname(v)}")
+    try:
+        wire = _nd_to_wire(v)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from None
+    if v.size > LIMITS["max_array_elems"]:
+        raise SchemaError(f"{path}: array of {v.size} elements exceeds limit {LIMITS['max_array_elems']}")
+    return wire
+
+
+def _nd_dec(path: str, v: Any) -> np.ndarray:
+    if not isinstance(v, dict) or "__nd__" not in v:
+        raise SchemaError(f"{path}: expected an array, got {_tname(v)}")
+    return _nd_from_wire(path, v)
+
+
+def _list(item_t: Any):
+    item_dec, item_enc = _compile(item_t)
+
+    def dec(path, v):
+        if type(v) is not list:
+            raise SchemaError(f"{path}: expected a list, got {_tname(v)}")
+        if len(v) > _MAX_ITEMS:
+            _check_size(path, v)
+        return [item_dec(f"{path}[{i}]", x) for i, x in enumerate(v)]
+
+    def enc(path, v):
+        if not isinstance(v, (list, tuple)):
+            raise SchemaError(f"{path}: expected a list, got {_tname(v)}")
+        if len(v) > _MAX_ITEMS:
+            _check_size(path, list(v))
+        return [item_enc(f"{path}[{i}]", x) for i, x in enumerate(v)]
+    return dec, enc
+
+
+def _dict(val_t: Any):
+    val_dec, val_enc = _compile(val_t)
+    passthrough = val_t is Any
+
+    def walk(conv, path, v):
+        if not isinstance(v, dict):
+            raise SchemaError(f"{path}: expected a map, got {_tname(v)}")
+        if len(v) > _MAX_ITEMS:
+            _check_size(path, v)
+        for k in v:
+            if type(k) is not str:
+                raise SchemaError(f"{path}: map key {k!r} is not a string")
+        if passthrough:
+            for k, x in v.items():
+                _check_size(f"{path}.{k}", x)
+            return v
+        return {k: conv(f"{path}.{k}", x) for k, x in v.items()}
+
+    return (lambda path, v: walk(val_dec, path, v)), (lambda path, v: walk(val_enc, path, v))
+
+
+def _union(typ: Any):
+    options = [_compile(o) for o in typing.get_args(typ)]
+
+    def attempt(which, path, v):
+        for pair in options:
+            try:
+                return pair[which](path, v)
+            except SchemaError:
+                continue
+        raise SchemaError(f"{path}: {v!r} matches none of {typ}")
+
+    return (lambda path, v: attempt(0, path, v)), (lambda path, v: attempt(1, path, v))
+
+
 @functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _fields(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    """(name, dec, enc) for every field of a message dataclass."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, *_compile(hints[f.name])) for f in dataclasses.fields(cls))
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,80 +268,57 @@ def _required(cls: type) -> frozenset[str]:
                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
-def _check_size(path: str, value: Any) -> None:
-    if isinstance(value, str) and len(value) > LIMITS["max_str_chars"]:
-        raise SchemaError(f"{path}: string of {len(value)} chars exceeds limit {LIMITS['max_str_chars']}")
-    if isinstance(value, bytes) and len(value) > LIMITS["max_bytes"]:
-        raise SchemaError(f"{path}: {len(value)} bytes exceeds limit {LIMITS['max_bytes']}")
-    if isinstance(value, (list, dict)) and len(value) > LIMITS["max_list_items"]:
-        raise SchemaError(f"{path}: {len(value)} items exceeds limit {LIMITS['max_list_items']}")
+def _dataclass(cls: type):
+    def dec(path, v):
+        if type(v) is not dict:
+            raise SchemaError(f"{path}: expected {cls.__name__} map, got {_tname(v)}")
+        return _build(cls, v, path)
+
+    def enc(path, v):
+        if not isinstance(v, cls):
+            raise SchemaError(f"{path}: expected {cls.__name__}, got {_tname(v)}")
+        return _to_wire(cls, v, path)
+    return dec, enc
 
 
-def _convert(path: str, value: Any, typ: Any) -> Any:
-    """Check ``value`` against the annotation ``typ`` and build nested objects."""
-    _check_size(path, value)
-    origin = typing.get_origin(typ)
+@functools.lru_cache(maxsize=None)
+def _compile(typ: Any):
     if typ is Any:
-        return value
+        return _any_dec, _any_dec
     if typ is np.ndarray:
-        if not isinstance(value, dict) or "__nd__" not in value:
-            raise SchemaError(f"{path}: expected an array, got {type(value).__name__}")
-        return _nd_from_wire(path, value)
+        return _nd_dec, _nd_enc
     if dataclasses.is_dataclass(typ):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected {typ.__name__} map, got {type(value).__name__}")
-        return _build(typ, value, path)
+        return _dataclass(typ)
+    origin = typing.get_origin(typ)
     if origin in (list, tuple):
-        if not isinstance(value, list):
-            raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
-        (item_t,) = typing.get_args(typ)[:1] or (Any,)
-        return [_convert(f"{path}[{i}]", v, item_t) for i, v in enumerate(value)]
+        return _list((typing.get_args(typ)[:1] or (Any,))[0])
     if origin is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected a map, got {type(value).__name__}")
-        _, val_t = typing.get_args(typ) or (Any, Any)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise SchemaError(f"{path}: map key {k!r} is not a string")
-            out[k] = _convert(f"{path}.{k}", v, val_t)
-        return out
+        return _dict((typing.get_args(typ) or (Any, Any))[1])
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(typ):
-            try:
-                return _convert(path, value, option)
-            except SchemaError:
-                continue
-        raise SchemaError(f"{path}: {value!r} matches none of {typ}")
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(f"{path}: expected float, got {type(value).__name__}")
-        return float(value)
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(f"{path}: expected int, got {type(value).__name__}")
-        return value
-    if typ in (str, bytes, bool):
-        if type(value) is not typ:
-            raise SchemaError(f"{path}: expected {typ.__name__}, got {type(value).__name__}")
-        return value
+        return _union(typ)
     if typ is type(None):
-        if value is not None:
-            raise SchemaError(f"{path}: expected null")
-        return None
-    raise SchemaError(f"{path}: unsupported annotation {typ!r}")
+        return _none_dec, _none_dec
+    pair = _scalar(typ) if isinstance(typ, type) else None
+    if pair is None:
+        def unsupported(path, v):
+            raise SchemaError(f"{path}: unsupported annotation {typ!r}")
+        return unsupported, unsupported
+    return pair
 
 
 def _build(cls: type, data: dict, path: str) -> Any:
-    hints = _hints(cls)
     missing = _required(cls) - data.keys()
     if missing:
         raise SchemaError(f"{path}: missing required field(s) {sorted(missing)}")
     kwargs = {}
-    for name, value in data.items():
-        if name in hints:  # unknown fields are tolerated and dropped
-            kwargs[name] = _convert(f"{path}.{name}", value, hints[name])
+    for name, dec, _ in _fields(cls):
+        if name in data:  # unknown fields are tolerated and dropped
+            kwargs[name] = dec(f"{path}.{name}", data[name])
     return cls(**kwargs)
+
+
+def _to_wire(cls: type, obj: Any, path: str) -> dict:
+    return {name: enc(f"{path}.{name}", getattr(obj, name)) for name, _, enc in _fields(cls)}
 
 
 def _validate_outgoing(msg: Any) -> None:
@@ -173,17 +328,13 @@ def _validate_outgoing(msg: Any) -> None:
 
 
 def encode(msg: Any) -> bytes:
-    """Serialize a message dataclass; validates it by decoding-rules first."""
+    """Serialize a message dataclass, checking every field by the same rules as decode."""
     _validate_outgoing(msg)
-    body = {"k": msg.KIND, "v": msg.VERSION, "d": msg}
+    body = {"k": msg.KIND, "v": msg.VERSION, "d": _to_wire(type(msg), msg, msg.KIND)}
     try:
-        data = msgpack.packb(body, default=_default, use_bin_type=True)
+        return msgpack.packb(body, default=_default, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise SchemaError(f"{msg.KIND}: {exc}") from None
-    # Round-trip the structure check on the small fields so a sender learns of a bad
-    # message before a consumer dead-letters it.
-    decode(data, expected=type(msg))
-    return data
 
 
 def decode(data: bytes, expected: type | None = None) -> Any:

@@ -18,16 +18,18 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 _API_ROOTS = {"torch", "nn", "F", "math", "functional"}
+# Library calls decide what a task computes, so they weigh more than the plumbing around them.
+API_WEIGHT = 4
 _KEEP_FUNCS = {"__init__", "forward", "get_inputs", "get_init_inputs"}
 
 
-def _api_name(node: ast.AST) -> str | None:
+def _api_name(node: ast.AST, roots: set[str]) -> str | None:
     """'torch.nn.functional.gelu' for an attribute chain rooted at a library name, else None."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if isinstance(node, ast.Name) and node.id in _API_ROOTS:
+    if isinstance(node, ast.Name) and node.id in roots:
         return ".".join([node.id, *reversed(parts)])
     return None
 
@@ -49,6 +51,10 @@ def ast_tokens(source: str) -> list[str]:
     """The normalised token sequence of a Python source (raises SyntaxError on bad code)."""
     tree = ast.parse(source)
     _strip_docstrings(tree)
+    roots = set(_API_ROOTS)
+    for node in tree.body:  # names imported from libraries are API names too (from transformers import X)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            roots.update((a.asname or a.name).split(".")[0] for a in node.names)
     # The computation lives in the classes (and helper functions); input/init-argument
     # builders and shape constants are shared boilerplate that would mask differences.
     tree.body = [n for n in tree.body if isinstance(n, ast.ClassDef)
@@ -58,15 +64,13 @@ def ast_tokens(source: str) -> list[str]:
     def visit(node: ast.AST) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_super_init(node):
             return  # imports and super().__init__() say nothing about the computation
-        api = _api_name(node) if isinstance(node, ast.Attribute) else None
+        api = _api_name(node, roots) if isinstance(node, (ast.Attribute, ast.Name)) else None
         if api:
-            tokens.append(api)
+            tokens.extend([api] * API_WEIGHT)
             return
         tokens.append(type(node).__name__)
         if isinstance(node, ast.FunctionDef) and node.name in _KEEP_FUNCS:
             tokens.append(node.name)
-        elif isinstance(node, ast.Name) and node.id in _API_ROOTS:
-            tokens.append(node.id)
         elif isinstance(node, ast.keyword) and node.arg:
             tokens.append(f"kw:{node.arg}")
         elif isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.AugAssign)):

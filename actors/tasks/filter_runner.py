@@ -32,7 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @lru_cache(maxsize=1)
 def _netns_prefix() -> tuple[str, ...]:
-    """`unshare -rn` (no network) when this machine allows it, else nothing."""
+    """The sandbox's network-namespace prefix; `unshare -rn` when the sandbox is not installed."""
+    try:
+        from sandbox_workers.isolation import network_isolation_prefix
+        return tuple(network_isolation_prefix())
+    except ImportError:
+        pass
     exe = shutil.which("unshare")
     if not exe:
         return ()

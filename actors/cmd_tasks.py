@@ -1,0 +1,129 @@
+"""`kernelrl tasks`: synthesize, import, list and publish task sets."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BUILTIN = Path(__file__).resolve().parent / "tasks" / "builtin"
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("synthesize", help="compose, filter and decontaminate new tasks into a folder")
+    s.add_argument("--n", type=int, required=True, help="how many tasks to keep")
+    s.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="size the tasks for this backend")
+    s.add_argument("--out", required=True, help="output folder (index.json is merged if present)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mix", default="", help="operator-count weights, e.g. '1:0.1,2:0.6,3:0.2,4:0.05,5:0.05' "
+                                            "(default: CUDA-Agent-Ops-6K's mix)")
+    s.add_argument("--workers", type=int, default=1, help="parallel filter children")
+    s.add_argument("--min-ms", type=float, default=-1.0, help="eager runtime window low end (default per backend)")
+    s.add_argument("--max-ms", type=float, default=-1.0, help="eager runtime window high end")
+    s.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile rules (faster)")
+    s.add_argument("--eval-set", default=None, help="decontamination set (default: $KERNELRL_KERNELBENCH or "
+                                                   "../shared/kernelbench); '' disables")
+    s.add_argument("--threshold", type=float, default=0.9, help="AST similarity above which a task is dropped")
+    s.add_argument("--verify", choices=["auto", "direct", "twin"], default="auto",
+                   help="twin: check GPU-sized tasks through their CPU-sized twin (auto when no GPU)")
+    s.add_argument("--max-candidates", type=int, default=0)
+    s.add_argument("--llm-share", type=float, default=0.0,
+                   help="share of candidates composed by the LLM at actor.openai_base_url/actor.openai_model")
+    i = sub.add_parser("import", help="copy a folder of KernelBench-style tasks into a kernelrl task folder")
+    i.add_argument("src", help="e.g. a KernelBench checkout (level1/, level2/, ...)")
+    i.add_argument("--out", required=True)
+    i.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
+    i.add_argument("--levels", default="", help="comma-separated levels to import (default: all)")
+    ls = sub.add_parser("list", help="list the tasks of a folder")
+    ls.add_argument("--dir", default=None, help="default: cluster.task_dir or the built-in set")
+    ls.add_argument("--backend", default="all")
+    pub = sub.add_parser("publish", help="send tasks to the tasks topic (schemas.Task, key = task id)")
+    pub.add_argument("--dir", default=None, help="default: cluster.task_dir or the built-in set")
+    pub.add_argument("--backend", default=None, help="cpu, cuda or all (default: sandbox.backend)")
+    pub.add_argument("--level", type=int, default=None)
+    pub.add_argument("--limit", type=int, default=0)
+    pub.add_argument("--repeat", type=int, default=1, help="publish the set this many times (ids get @round)")
+
+
+def run(args, cfg) -> int:
+    return {"synthesize": _synthesize, "import": _import, "list": _list, "publish": _publish}[args.action](args, cfg)
+
+
+def _task_dir(args, cfg) -> Path:
+    return Path(args.dir or cfg.cluster.task_dir or BUILTIN)
+
+
+def _synthesize(args, cfg) -> int:
+    from actors.tasks.filter import FilterConfig
+    from actors.tasks.pipeline import CUDA_AGENT_MIX, SynthConfig, parse_mix, synthesize
+    from cluster.errors import KernelRLError
+
+    if args.n <= 0:
+        raise KernelRLError(f"--n must be > 0, got {args.n}")
+    try:
+        mix = parse_mix(args.mix) if args.mix else dict(CUDA_AGENT_MIX)
+    except ValueError as exc:
+        raise KernelRLError(str(exc)) from None
+    llm = None
+    if args.llm_share > 0:
+        from actors.tasks.llm import LLMComposer
+        llm = LLMComposer.from_config(cfg)
+    fcfg = FilterConfig(backend=args.backend, min_ms=args.min_ms, max_ms=args.max_ms,
+                        check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
+    sc = SynthConfig(n=args.n, backend=args.backend, out=Path(args.out), seed=args.seed, mix=mix,
+                     workers=args.workers, filter=fcfg, eval_dir=args.eval_set, threshold=args.threshold,
+                     max_candidates=args.max_candidates, verify=args.verify, llm=llm, llm_share=args.llm_share)
+    report = synthesize(sc)
+    print(json.dumps(report.summary(), indent=1))
+    if len(report.accepted) < args.n:
+        print(f"kernelrl tasks: only {len(report.accepted)} of {args.n} tasks passed; raise --max-candidates",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _import(args, cfg) -> int:
+    from actors.tasks.dataset import import_dir
+
+    levels = [int(x) for x in args.levels.split(",") if x.strip()] if args.levels else None
+    entries = import_dir(args.src, args.out, backend=args.backend, levels=levels)
+    print(f"imported {len(entries)} tasks into {args.out}")
+    return 0
+
+
+def _list(args, cfg) -> int:
+    from actors.tasks.dataset import load_tasks
+
+    for e in load_tasks(_task_dir(args, cfg), backend=args.backend):
+        print(f"{e.task_id:32s} {e.backend:4s} L{e.level} {e.name}")
+    return 0
+
+
+def _publish(args, cfg) -> int:
+    from actors.tasks.dataset import load_tasks
+    from cluster.bus import Bus
+    from schemas import topics
+
+    backend = args.backend or cfg.sandbox.backend
+    entries = load_tasks(_task_dir(args, cfg), backend=backend, level=args.level)
+    if args.limit:
+        entries = entries[:args.limit]
+    bus = Bus(cfg, client_id="task-publisher")
+    prod = bus.producer()
+    sent = 0
+    try:
+        for r in range(max(1, args.repeat)):
+            for e in entries:
+                msg = e.to_message()
+                if args.repeat > 1:
+                    msg.task_id = f"{e.task_id}@{r}"
+                prod.send(topics.TASKS, msg, key=msg.task_id)
+                sent += 1
+        prod.flush()
+    finally:
+        prod.close()
+        close = getattr(bus, "close", None)
+        if close:
+            close()
+    print(f"published {sent} tasks to {cfg.topic(topics.TASKS)}")
+    return 0

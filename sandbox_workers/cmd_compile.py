@@ -1,0 +1,37 @@
+"""`kernelrl compile-worker`: consume tool.compile, build workspaces, reply with the artifact."""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--group", default="compile-workers", help="consumer group (workers of a group share requests)")
+    p.add_argument("--max-messages", type=int, default=0, help="exit after this many requests (0 = run until SIGTERM)")
+
+
+def run(args, cfg) -> int:
+    import threading
+
+    from cluster.bus import Bus, serve
+    from sandbox_workers.worker import Abandoned, CompileHandler, install_sigterm
+    from schemas import topics
+    from schemas.messages import CompileRequest
+
+    stop = threading.Event()
+    install_sigterm(stop)
+    handler = CompileHandler(cfg)
+    bus = Bus(cfg, client_id=handler.name)
+    bus.ensure_topics()
+    log.info("compile worker %s serving %s", handler.name, bus.topic(topics.TOOL_COMPILE))
+    try:
+        stats = serve(bus, topics.TOOL_COMPILE, args.group, handler, stop, expected=CompileRequest,
+                      max_messages=args.max_messages or None)
+    except Abandoned:
+        log.info("compile worker stopped mid-job; the job stays uncommitted")
+        return 0
+    finally:
+        bus.close()
+    log.info("compile worker done: %s", stats)
+    return 0

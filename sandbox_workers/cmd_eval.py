@@ -1,0 +1,54 @@
+"""`kernelrl eval-worker --device N|cpu`: consume tool.evaluate.<kind>, verify + profile, reply with the reward."""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--device", default="cpu", help="GPU index to pin to (by NVML UUID), or 'cpu'")
+    p.add_argument("--group", default="", help="consumer group (default: eval-workers-<kind>)")
+    p.add_argument("--max-messages", type=int, default=0, help="exit after this many requests (0 = run until SIGTERM)")
+
+
+def run(args, cfg) -> int:
+    import threading
+
+    from cluster.errors import SetupError
+
+    backend = "cpu" if args.device == "cpu" else "cuda"
+    ident, device_key = None, ""
+    if backend == "cuda":
+        from sandbox_workers import gpu
+
+        if not args.device.isdigit():
+            raise SetupError(f"--device: expected a GPU index or 'cpu', got {args.device!r}")
+        ident = gpu.pin(int(args.device))  # before anything initialises CUDA
+        log.info("GPU health: %s", gpu.health_check())
+        locked = gpu.lock_clocks(ident["handle"]) if cfg.sandbox.lock_clocks else None
+        device_key = f"cuda:{ident['name']}:locked={locked}"
+    from cluster.bus import Bus, serve
+    from sandbox_workers.worker import Abandoned, EvalHandler, install_sigterm
+    from schemas import topics
+    from schemas.messages import EvaluateRequest
+
+    stop = threading.Event()
+    install_sigterm(stop)
+    handler = EvalHandler(cfg, backend, device_key=device_key)
+    bus = Bus(cfg, client_id=handler.name)
+    bus.ensure_topics()
+    topic = topics.evaluate_topic(backend)
+    log.info("eval worker %s serving %s", handler.name, bus.topic(topic))
+    try:
+        stats = serve(bus, topic, args.group or f"eval-workers-{backend}", handler, stop, expected=EvaluateRequest,
+                      max_messages=args.max_messages or None)
+        log.info("eval worker done: %s", stats)
+    except Abandoned:
+        log.info("eval worker stopped mid-job; the job stays uncommitted")
+    finally:
+        bus.close()
+        if ident is not None and cfg.sandbox.lock_clocks:
+            from sandbox_workers import gpu
+            gpu.unlock_clocks(ident["handle"])
+    return 0

@@ -1,0 +1,200 @@
+"""The bus against the real embedded broker: round trips, big messages, DLQ, consumer groups."""
+from __future__ import annotations
+
+import threading
+import time
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster.bus import Bus, MessageTooLarge
+from schemas import codec
+from schemas import topics as T
+from schemas.messages import DeadLetter, Task
+from tests.backbone.samples import all_samples, assert_same, big_trajectory
+
+
+def drain(consumer, want: int, timeout_s: float = 30.0, commit: bool = True) -> list:
+    """Poll until ``want`` records arrived (or fail after timeout)."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        for rec in consumer.poll(timeout_s=0.2):
+            got.append(rec)
+            if commit:
+                consumer.commit(rec)
+    assert len(got) >= want, f"got {len(got)} of {want} records in {timeout_s}s"
+    return got
+
+
+def dead_letters(bus, n: int, timeout_s: float = 30.0) -> list[DeadLetter]:
+    c = bus.consumer([T.DLQ], group_id=f"dlq-reader-{time.monotonic_ns()}", expected=DeadLetter)
+    try:
+        return [r.msg for r in drain(c, n, timeout_s)]
+    finally:
+        c.close()
+
+
+def test_every_message_type_round_trips_through_kafka(cfg):
+    samples = all_samples()
+    with Bus(cfg, client_id="rt") as bus:
+        prod = bus.producer()
+        for kind, msg in samples.items():
+            prod.send(T.TASKS, msg, key=kind)
+        prod.flush(30)
+        cons = bus.consumer([T.TASKS], group_id="rt")
+        got = drain(cons, len(samples))
+        cons.close()
+        prod.close()
+    assert {r.key for r in got} == set(samples)
+    for rec in got:
+        assert rec.topic == T.TASKS and rec.raw_topic == cfg.topic(T.TASKS) and rec.timestamp_ms > 0
+        assert_same(samples[rec.key], rec.msg)
+
+
+def test_4mb_trajectory_through_kafka(cfg):
+    traj = big_trajectory(330_000, seed=4)
+    size = len(codec.encode(traj))
+    assert size > 4 * 1024 * 1024
+    with Bus(cfg, client_id="big") as bus:
+        prod = bus.producer()
+        meta = prod.send(T.TRAJECTORIES, traj, key=traj.task_id).get(60)
+        assert meta.offset == 0
+        cons = bus.consumer([T.TRAJECTORIES], group_id="learner")
+        (rec,) = drain(cons, 1)
+        cons.close()
+        prod.close()
+    assert_same(traj, rec.msg)
+
+
+def test_oversized_message_is_refused_before_sending(make_cfg):
+    cfg = make_cfg(create_topics=False)
+    cfg.bus.max_message_bytes = 1024 * 1024
+    with Bus(cfg) as bus:
+        prod = bus.producer()
+        with pytest.raises(MessageTooLarge, match="exceeds bus.max_message_bytes=1048576"):
+            prod.send(T.TRAJECTORIES, big_trajectory(100_000))
+        prod.close()
+
+
+def test_invalid_message_goes_to_dlq_and_consumer_continues(cfg):
+    with Bus(cfg, client_id="dlq") as bus:
+        prod = bus.producer()
+        prod.send(T.TASKS, Task(task_id="a", model_py="m"), key="k", partition=0)
+        prod.send_bytes(T.TASKS, b"\x93not msgpack at all", key="k", partition=0)
+        prod.send_bytes(T.TASKS, msgpack.packb({"k": "task", "v": 1, "d": {"task_id": 7}}), key="k", partition=0)
+        prod.send(T.TASKS, big_trajectory(10), key="k", partition=0)  # valid, but not what this consumer takes
+        prod.send(T.TASKS, Task(task_id="b", model_py="m"), key="k", partition=0)
+        prod.flush(30)
+        cons = bus.consumer([T.TASKS], group_id="workers", expected=Task)
+        got = drain(cons, 2)
+        assert [r.msg.task_id for r in got] == ["a", "b"] and cons.stats["dead_lettered"] == 3
+        cons.close()
+        letters = sorted(dead_letters(bus, 3), key=lambda d: d.offset)
+        prod.close()
+        lag = bus.lag("workers", [T.TASKS])
+    assert [d.offset for d in letters] == [1, 2, 3]
+    assert all(d.source_topic == cfg.topic(T.TASKS) and d.partition == 0 for d in letters)
+    assert letters[0].payload == b"\x93not msgpack at all" and "undecodable" in letters[0].error
+    assert "task.task_id: expected str, got int" in letters[1].error
+    assert "unexpected message kind 'trajectory'" in letters[2].error
+    assert lag == {T.TASKS: 0}  # dead-lettered offsets are committed along with the good ones
+
+
+def test_fuzzed_bytes_never_crash_a_consumer_and_land_in_the_dlq(cfg):
+    bus = Bus(cfg, client_id="fuzz")
+    prod = bus.producer()
+    cons = bus.consumer([T.TASKS], group_id="fuzz")
+    dlq = bus.consumer([T.DLQ], group_id="fuzz-dlq", expected=DeadLetter)
+    seen_letters: list[DeadLetter] = []
+    valid = codec.encode(Task(task_id="ok", model_py="m"))
+
+    @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.one_of(st.binary(max_size=300),
+                              st.binary(min_size=1, max_size=40).map(lambda b: valid[: len(b)] + b)),
+                    min_size=1, max_size=25))
+    def check(payloads):
+        bad = []
+        for p in payloads:
+            try:
+                codec.decode(p)
+            except codec.SchemaError:
+                bad.append(p)
+            prod.send_bytes(T.TASKS, p, partition=0)
+        prod.send(T.TASKS, Task(task_id="sentinel", model_py="m"), partition=0)
+        prod.flush(30)
+        good = drain(cons, len(payloads) - len(bad) + 1)
+        assert good[-1].msg.task_id == "sentinel"
+        letters = [r.msg for r in drain(dlq, len(bad))]
+        seen_letters.extend(letters)
+        assert sorted(d.payload for d in letters) == sorted(bad)
+
+    try:
+        check()
+    finally:
+        cons.close()
+        dlq.close()
+        prod.close()
+        bus.close()
+    assert seen_letters and all(d.source_topic == cfg.topic(T.TASKS) and d.error for d in seen_letters)
+
+
+class _Member(threading.Thread):
+    """A consumer-group member polling on its own thread, committing what it gets."""
+
+    def __init__(self, bus, name: str):
+        super().__init__(daemon=True, name=name)
+        self.bus, self.records, self.stop = bus, [], threading.Event()
+        self.consumer = bus.consumer([T.TASKS], group_id="split", client_id=name)
+        self.assigned: set = set()
+
+    def run(self):
+        while not self.stop.is_set():
+            for rec in self.consumer.poll(timeout_s=0.1):
+                self.records.append(rec)
+                self.consumer.commit(rec)
+            self.assigned = self.consumer.assignment()
+        self.consumer.close()
+
+
+def _wait(pred, timeout_s=30.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_group_of_two_splits_partitions_and_rebalances_when_one_leaves(make_cfg):
+    cfg = make_cfg(topics__partitions=4)
+    bus = Bus(cfg, client_id="grp")
+    a, b = _Member(bus, "a"), _Member(bus, "b")
+    a.start()
+    _wait(lambda: len(a.assigned) == 4, what="a owning all 4 partitions")
+    b.start()
+    _wait(lambda: len(a.assigned) == 2 and len(b.assigned) == 2, what="a 2/2 split")
+    assert a.assigned.isdisjoint(b.assigned)
+    prod = bus.producer()
+    for i in range(40):
+        prod.send(T.TASKS, Task(task_id=f"t{i}", model_py="m"), key=f"key-{i}")
+    prod.flush(30)
+    _wait(lambda: len(a.records) + len(b.records) >= 40, what="40 records")
+    assert a.records and b.records
+    assert {r.partition for r in a.records}.isdisjoint({r.partition for r in b.records})
+    b.stop.set()
+    b.join(10)
+    _wait(lambda: len(a.assigned) == 4, what="a taking over b's partitions")
+    for i in range(40, 60):
+        prod.send(T.TASKS, Task(task_id=f"t{i}", model_py="m"), key=f"key-{i}")
+    prod.flush(30)
+    _wait(lambda: len({r.msg.task_id for r in a.records + b.records}) >= 60, what="all 60 tasks")
+    a.stop.set()
+    a.join(10)
+    prod.close()
+    ids = [r.msg.task_id for r in a.records + b.records]
+    assert set(ids) == {f"t{i}" for i in range(60)}
+    assert len(ids) == 60  # clean hand-over: committed work is not redelivered
+    assert bus.lag("split", [T.TASKS]) == {T.TASKS: 0}
+    bus.close()

@@ -1,0 +1,116 @@
+"""Pure logic and the sandbox primitives: reward, static guards, workspace, isolation, compile cache."""
+from __future__ import annotations
+
+import pytest
+
+from sandbox_workers import guards, workspace
+from sandbox_workers.isolation import Limits, run_sandboxed, sandbox_env
+from sandbox_workers.reward import milestone_reward
+from tests.sandbox.helpers import RELU_PY, relu_solution, relu_with_body
+
+
+@pytest.mark.parametrize("t,te,tc,expected", [
+    (None, None, None, 1.0), (1.0, 1.0, 1.0, 1.0), (0.9, 1.0, 1.0, 3.0), (0.9, 1.0, 0.9, 2.0), (0.94, 1.0, 0.5, 2.0),
+    (0.5, 1.0, 0.6, 3.0), (0.96, 1.0, 1.0, 1.0), (0.5, 1.0, 0.52, 2.0), (2.0, 1.0, 3.0, 1.0),
+])
+def test_milestone_reward(t, te, tc, expected):
+    assert milestone_reward(True, True, t, te, tc, 0.05) == expected
+
+
+def test_reward_fail_is_minus_one():
+    assert milestone_reward(False, True, 0.1, 1.0, 1.0) == -1.0
+    assert milestone_reward(True, False, 0.1, 1.0, 1.0) == -1.0
+
+
+def test_clean_solution_passes_static_guards():
+    assert guards.check_python(RELU_PY) == []
+    assert guards.check_cpp(relu_solution(), "cpu") == []
+
+
+@pytest.mark.parametrize("src,name", [
+    ("import torch\nimport torch.nn.functional as F\nclass ModelNew: pass", "torch_compute"),
+    ("import torch\nclass ModelNew:\n def forward(self, x):\n  return torch.relu(x)", "torch_compute"),
+    ("import torch\nclass ModelNew:\n def forward(self, x):\n  try:\n   pass\n  except Exception:\n   pass",
+     "try_except_fallback"),
+    ("from model import Model\nclass ModelNew(Model): pass", "reference_model"),
+    ("import threading\nclass ModelNew: pass", "threads"),
+    ("import time\ntime.perf_counter = lambda: 0.0\nclass ModelNew: pass", "timer_patching"),
+    ("import torch\nclass ModelNew:\n def f(self):\n  s = torch.cuda.Stream()", "side_stream"),
+    ("import torch\nclass L(torch.Tensor): pass\nclass ModelNew: pass", "tensor_subclass"),
+    ("class ModelNew:\n def f(self):\n  return open('model.py').read()", "reads_evaluator_files"),
+    ("import gc\nclass ModelNew: pass", "introspection"),
+    ("import subprocess\nclass ModelNew: pass", "sandbox_escape"),
+    ("import torch\nclass ModelNew:\n def f(self, x):\n  return x.__class__", "introspection"),
+])
+def test_static_python_guards(src, name):
+    assert name in guards.names(guards.check_python(src))
+
+
+@pytest.mark.parametrize("body,inc,name", [
+    ("", "#include <torch/extension.h>", "cpp_torch"),
+    ("at::Tensor t;", "", "cpp_torch"),
+    ("", "#include <fstream>", "forbidden_include"),
+    ('std::thread t([]{}); t.join();', "", "threads"),
+    ('system("ls");', "", "sandbox_escape"),
+    ('FILE* f = fopen("model.py", "r");', "", "reads_evaluator_files"),
+    ("cudaStream_t s; cudaStreamCreate(&s);", "", "side_stream"),
+    ("cudaEvent_t e; cudaEventCreate(&e);", "", "timer_patching"),
+    ('asm volatile("nop");', "", "sandbox_escape"),
+])
+def test_static_cpp_guards(body, inc, name):
+    files = relu_with_body(body, includes=inc)
+    assert name in guards.names(guards.check_cpp(files, "cuda"))
+
+
+def test_comments_do_not_trip_cpp_guards():
+    files = relu_with_body("// we never call system(\"x\") or fopen() here\n/* torch::relu */ y[0] = x[0];")
+    assert guards.check_cpp(files, "cpu") == []
+
+
+def test_workspace_validation():
+    with pytest.raises(workspace.WorkspaceError, match="inside"):
+        workspace.validate({"model_new.py": "", "../evil.cpp": ""}, "cpu")
+    with pytest.raises(workspace.WorkspaceError, match="model_new.py is missing"):
+        workspace.validate({"kernels/a.cpp": ""}, "cpu")
+    with pytest.raises(workspace.WorkspaceError, match="byte limit"):
+        workspace.validate({"model_new.py": "x" * (workspace.MAX_FILE_BYTES + 1)}, "cpu")
+    kept = workspace.validate({"model_new.py": "", "kernels/a.cpp": "", "kernels/a.cu": "", "notes.txt": "",
+                               "model.py": "evil"}, "cpu")
+    assert sorted(kept) == ["kernels/a.cpp", "model_new.py"]
+
+
+def test_isolation_blocks_network_and_kills_on_deadline(tmp_path):
+    code = "import socket\ntry:\n socket.create_connection(('1.1.1.1', 53), timeout=3)\n print('NET')\n" \
+           "except OSError as e:\n print('NONET', e.errno)\n"
+    r = run_sandboxed(["python3", "-c", code], cwd=str(tmp_path), limits=Limits(wall_s=20), env=sandbox_env())
+    assert r.network_isolated and "NONET" in r.stdout, r
+    r = run_sandboxed(["sleep", "30"], cwd=str(tmp_path), limits=Limits(wall_s=1), env=sandbox_env())
+    assert r.timed_out and r.wall_s < 10
+    r = run_sandboxed(["python3", "-c", "b = bytearray(3 << 30)"], cwd=str(tmp_path),
+                      limits=Limits(wall_s=20, memory_mb=512), env=sandbox_env())
+    assert r.returncode != 0 and "MemoryError" in r.stderr
+
+
+def test_env_of_children_carries_no_secrets(monkeypatch):
+    monkeypatch.setenv("KRL__BUS__SASL_PASSWORD", "secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    env = sandbox_env()
+    assert "KRL__BUS__SASL_PASSWORD" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_compile_cache_hit_and_errors(sb_cfg):
+    from sandbox_workers.compiler import compile_workspace
+
+    files = relu_with_body("for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;")
+    first = compile_workspace(files, "cpu", sb_cfg)
+    assert first.ok and first.library.is_file(), first.error + first.log
+    again = compile_workspace(dict(files, **{"model_new.py": "# edited python does not rebuild\n" + RELU_PY}),
+                              "cpu", sb_cfg)
+    assert again.ok and again.cached and again.key == first.key and again.duration_s < 0.5
+    bad = compile_workspace(relu_with_body("y[0] = undefined_symbol;" * 2000), "cpu", sb_cfg)
+    assert not bad.ok and "undefined_symbol" in bad.log and len(bad.log) <= sb_cfg.sandbox.max_output_chars + 200
+    assert "krl-build-" not in bad.log  # temp paths stripped
+    flags = compile_workspace(files, "cpu", sb_cfg, extra_flags=["-fplugin=evil.so"])
+    assert not flags.ok and "not allowed" in flags.error
+    torchy = compile_workspace(relu_with_body("", includes="#include <torch/extension.h>"), "cpu", sb_cfg)
+    assert not torchy.ok and torchy.violations == ["cpp_torch"]
