@@ -173,7 +173,7 @@ def run_bench(args, cfg) -> dict:
 
     started = False
     if not cfg.bus.bootstrap_servers and not broker.status(cfg)["running"]:
-        broker.start(cfg)
+        broker.start(cfg, tie_to_parent=True)
         started = True
     try:
         bootstrap = broker.bootstrap_servers(cfg)

@@ -1,7 +1,7 @@
-"""The embedded single-node Apache Kafka (KRaft): fetch its jars, start, stop, status.
+"""The embedded single-node Apache Kafka (KRaft): start, stop, status (jars: broker_fetch).
 
-Jars come from Maven Central once (a generated pom + ``mvn dependency:copy-dependencies``)
-into ``<cache_dir>/kafka-<version>/libs``. Each broker lives in a state dir holding its
+Jars come from Maven Central once (cluster/broker_fetch.py) into
+``<cache_dir>/kafka-<version>/libs``. Each broker lives in a state dir holding its
 ``server.properties``, data (``data/``), log (``broker.log``) and ``state.json``
 (pid, ports, bootstrap address, version): ``Bus(cfg)``, ``status`` and ``stop`` read it.
 The broker listens on loopback only; its ports are chosen free at the first start and
@@ -13,7 +13,6 @@ import base64
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,38 +20,12 @@ import time
 import uuid
 from pathlib import Path
 
+from cluster.broker_fetch import _require, fetch, fetched, kafka_home  # noqa: F401 (re-exported)
 from cluster.errors import RetriableError, SetupError
 
 log = logging.getLogger(__name__)
 
-_MARKER = ".complete"
 _MAIN_CLASS = "kafka.Kafka"
-_POM = """<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>kernelrl</groupId>
-  <artifactId>kafka-runtime</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_{scala}</artifactId>
-      <version>{version}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId>
-      <artifactId>slf4j-api</artifactId>
-      <version>2.0.17</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j2-impl</artifactId>
-      <version>2.24.3</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
 _LOG4J2 = """status = error
 appender.out.type = Console
 appender.out.name = OUT
@@ -64,16 +37,10 @@ logger.kafka.name = kafka
 logger.kafka.level = {level}
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = INFO
-logger.broker.name = kafka.server.BrokerServer
-logger.broker.level = INFO
 """
 
 
 # ----------------------------------------------------------------------------- paths
-
-def kafka_home(cfg) -> Path:
-    return Path(cfg.broker.cache_dir).expanduser() / f"kafka-{cfg.broker.kafka_version}"
-
 
 def state_dir(cfg) -> Path:
     d = cfg.broker.state_dir or str(Path(cfg.broker.cache_dir).expanduser() / "broker-state")
@@ -82,72 +49,6 @@ def state_dir(cfg) -> Path:
 
 def _state_file(cfg) -> Path:
     return state_dir(cfg) / "state.json"
-
-
-# ----------------------------------------------------------------------------- fetch
-
-def _require(tool: str, what: str) -> str:
-    path = shutil.which(tool)
-    if not path:
-        raise SetupError(
-            f"'{tool}' not found: the embedded Kafka broker needs {what} "
-            "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless maven). "
-            "Or use an existing Kafka cluster: set bus.bootstrap_servers "
-            "(KRL__BUS__BOOTSTRAP_SERVERS=host:9092).")
-    return path
-
-
-def _check_java(java: str) -> None:
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    text = (out.stderr or out.stdout).strip()
-    try:
-        first = text.split('"')[1]
-        major = int(first.split(".")[0]) if not first.startswith("1.") else int(first.split(".")[1])
-    except (IndexError, ValueError):
-        log.warning("could not parse the Java version from %r", text[:200])
-        return
-    if major < 17:
-        raise SetupError(f"Java {major} found ({java}); Kafka 4.x needs Java 17+ "
-                         "(apt-get install -y openjdk-17-jre-headless)")
-
-
-def _pom(cfg) -> str:
-    return _POM.format(scala=cfg.broker.scala_version, version=cfg.broker.kafka_version)
-
-
-def fetched(cfg) -> bool:
-    """True when the jars of exactly this pom are in place."""
-    try:
-        return (kafka_home(cfg) / "libs" / _MARKER).read_text() == _pom(cfg)
-    except OSError:
-        return False
-
-
-def fetch(cfg, quiet: bool = True) -> Path:
-    """Download the broker's runtime jars once; a no-op when they are present."""
-    home = kafka_home(cfg)
-    libs = home / "libs"
-    if fetched(cfg):
-        return libs
-    _check_java(_require("java", "Java 17+"))
-    mvn = _require("mvn", "Maven (to fetch the Kafka jars from Maven Central)")
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(libs, ignore_errors=True)  # no stale jars from another pom
-    (home / "pom.xml").write_text(_pom(cfg))
-    cmd = [mvn, "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}",
-           "-DincludeScope=runtime"]
-    if quiet:
-        cmd.insert(1, "-q")
-    log.info("fetching Kafka %s jars into %s", cfg.broker.kafka_version, libs)
-    proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise RetriableError(f"mvn could not fetch org.apache.kafka:kafka_{cfg.broker.scala_version}:"
-                             f"{cfg.broker.kafka_version} (network? version?):\n{tail}")
-    if not any(libs.glob("kafka_*.jar")):
-        raise SetupError(f"mvn finished but no kafka jar is in {libs}")
-    (libs / _MARKER).write_text(_pom(cfg))
-    return libs
 
 
 # ----------------------------------------------------------------------------- state
@@ -290,7 +191,9 @@ def server_properties(cfg, data_dir: Path, port: int, cport: int) -> str:
 
 def _java_cmd(cfg, java: str, libs: Path, sdir: Path, main: list[str]) -> list[str]:
     heap = cfg.broker.heap_mb
-    return [java, f"-Xms{min(heap, 256)}m", f"-Xmx{heap}m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    jit_gc = (["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"] if cfg.broker.fast_start
+              else ["-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"])
+    return [java, f"-Xms{min(heap, 256)}m", f"-Xmx{heap}m", *jit_gc,
             "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
             f"-Dlog4j2.configurationFile={sdir / 'log4j2.properties'}",
             "-cp", str(libs / "*"), *main]
@@ -350,8 +253,19 @@ def _tail(path: Path, n: int = 30) -> str:
 _CHILDREN: dict[int, subprocess.Popen] = {}  # brokers started by this process: reaped on stop
 
 
-def start(cfg) -> dict:
-    """Start the broker (daemonized) unless it runs already; wait until it serves requests."""
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM the broker when the process that started it dies (Linux prctl)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start(cfg, tie_to_parent: bool = False) -> dict:
+    """Start the broker (daemonized) unless it runs already; wait until it serves requests.
+
+    ``tie_to_parent``: the broker gets SIGTERM when this process dies, even by SIGKILL
+    (test sessions, benchmarks, `kernelrl up`); the CLI's `broker start` leaves it running.
+    """
     st = status(cfg)
     if st["running"]:
         return st
@@ -369,7 +283,8 @@ def start(cfg) -> dict:
     cmd = _java_cmd(cfg, java, libs, sdir, [_MAIN_CLASS, str(props)])
     with open(logfile, "ab") as out, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=sdir)
+                                start_new_session=True, cwd=sdir,
+                                preexec_fn=_die_with_parent if tie_to_parent else None)
     _CHILDREN[proc.pid] = proc
     state = {"pid": proc.pid, "port": port, "controller_port": cport, "host": cfg.broker.host,
              "bootstrap": f"{cfg.broker.host}:{port}", "version": cfg.broker.kafka_version,
@@ -377,7 +292,7 @@ def start(cfg) -> dict:
     _write_state(cfg, state)
     try:
         _wait_ready(cfg, proc, port, time.monotonic() + cfg.broker.start_timeout_s, logfile)
-    except Exception:
+    except BaseException:  # Ctrl-C included: never leave a half-started JVM behind
         _terminate(proc.pid, 10.0)
         raise
     log.info("Kafka %s ready at %s (pid %d)", cfg.broker.kafka_version, state["bootstrap"], proc.pid)

@@ -153,8 +153,8 @@ class Producer:
 
         self.bus = bus
         self.max_bytes = bus.cfg.bus.max_message_bytes
-        self._p = KafkaProducer(**producer_kwargs(bus.cfg, f"{bus.client_id}-producer", bus.bootstrap,
-                                                  **overrides))
+        client_id = overrides.pop("client_id", f"{bus.client_id}-producer")
+        self._p = KafkaProducer(**producer_kwargs(bus.cfg, client_id, bus.bootstrap, **overrides))
 
     def send(self, topic: str, msg, key=None, partition: int | None = None) -> _Future:
         """Encode and send ``msg`` to a logical (or full) topic; returns a future."""
@@ -213,8 +213,8 @@ class Consumer:
         self._delivered_hi: dict = {}
         self._committed: dict = {}
         self._skipped: dict = {}
-        self._c = KafkaConsumer(**consumer_kwargs(bus.cfg, f"{bus.client_id}-consumer", group_id,
-                                                  bus.bootstrap, **overrides))
+        client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
+        self._c = KafkaConsumer(**consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides))
         if assign is not None:
             self._c.assign([TopicPartition(bus.topic(t), p) for t, p in assign])
         else:

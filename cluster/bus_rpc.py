@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import random
 import threading
-import time
 import zlib
 from typing import Any, Callable
 
@@ -197,6 +196,7 @@ class AsyncRequestClient:
 
     def __init__(self, bus, name: str, partition: int | None = None, client: RequestClient | None = None):
         self._client = client or RequestClient(bus, name, partition)
+        self._warm: set[str] = set()  # topics whose metadata the producer has: send() won't block
 
     @property
     def stats(self):
@@ -224,7 +224,11 @@ class AsyncRequestClient:
                     c.stats["retries"] += 1
                 prepared = c._prepare(msg, rid, attempt, timeout_s)
                 try:
-                    c._send(topic, prepared, key)  # non-blocking once the topic's metadata is known
+                    if topic in self._warm:
+                        c._send(topic, prepared, key)  # non-blocking once the topic's metadata is known
+                    else:  # the first send may wait for metadata: keep that off the loop
+                        await loop.run_in_executor(None, c._send, topic, prepared, key)
+                        self._warm.add(topic)
                 except RetriableError as exc:
                     log.warning("request %s attempt %d: send failed: %s", rid, attempt, exc)
                 if await _wait(fut, timeout_s):

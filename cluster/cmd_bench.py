@@ -5,6 +5,7 @@ dispatched to ``<module>.run_bench(args, cfg) -> dict`` (imported only when aske
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 
@@ -18,12 +19,29 @@ TARGETS = {
 }
 
 
-def add_arguments(p) -> None:
-    p.add_argument("target", choices=sorted(TARGETS))
+def _common(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--requests", type=int, default=500, help="bus: request/reply round trips to time")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
-    p.add_argument("rest", nargs="*", help="extra arguments for the target's own benchmark")
+
+
+def add_arguments(p) -> None:
+    _common(p)
+    p.add_argument("target", choices=sorted(TARGETS))
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="extra arguments for the target's own benchmark (args.rest)")
+
+
+def _split_rest(args) -> None:
+    """Options given after the target: ours (--json, --out, --requests) are taken, the rest stay."""
+    ours = argparse.ArgumentParser(add_help=False)
+    _common(ours)
+    known, rest = ours.parse_known_args(args.rest or [])
+    args.json = args.json or known.json
+    args.out = args.out or known.out
+    if "--requests" in (args.rest or []):
+        args.requests = known.requests
+    args.rest = rest
 
 
 def _load(target: str):
@@ -40,6 +58,7 @@ def _load(target: str):
 
 
 def run(args, cfg) -> int:
+    _split_rest(args)
     result = _load(args.target).run_bench(args, cfg)
     if result is None:
         return 0

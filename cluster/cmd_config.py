@@ -12,5 +12,7 @@ def add_arguments(p) -> None:
 def run(args, cfg) -> int:
     from cluster.config import dump_toml
 
+    if cfg.bus.sasl_password:  # never echo secrets to terminals or logs
+        cfg.bus.sasl_password = "***"
     print(json.dumps(cfg.to_dict(), indent=2) if args.json else dump_toml(cfg))
     return 0

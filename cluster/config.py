@@ -39,6 +39,9 @@ class BrokerConfig:
     port: int = 0  # 0 = pick a free loopback port at start
     heap_mb: int = 512
     start_timeout_s: float = 90.0
+    # C1-only JIT + serial GC: the JVM starts about twice as fast on a small machine; turn off
+    # for a long-running broker that moves a lot of data
+    fast_start: bool = True
 
 
 @dataclass
@@ -126,6 +129,8 @@ class SandboxConfig:
     static_guards: bool = True  # tests switch it off to exercise the run-time guards alone
     compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline
     seed: int = 42
+    reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
+    zygote: bool = True  # fork evaluation children from a pre-imported clean process (saves the torch import)
 
 
 @dataclass

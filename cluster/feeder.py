@@ -21,6 +21,10 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"task folder {str(folder)!r} does not exist")
+    if (folder / "index.json").is_file():  # a kernelrl task set (e.g. the built-in one): its index says
+        from actors.tasks.dataset import load_tasks  # which tasks are sized for this backend
+
+        return [e.to_message() for e in load_tasks(folder, backend=backend)]
     tasks = []
     for path in sorted(folder.rglob("*.py")):
         text = path.read_text()

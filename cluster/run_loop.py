@@ -33,7 +33,7 @@ def _ensure_broker(cfg: Config) -> bool:
     if broker.status(cfg)["running"]:
         return False
     log.info("starting the embedded Kafka broker")
-    broker.start(cfg)
+    broker.start(cfg, tie_to_parent=True)  # a killed `kernelrl up` leaves no JVM behind
     return True
 
 

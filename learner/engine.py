@@ -49,6 +49,10 @@ def init_distributed() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        if on_gpu():
+            import torch
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ class Evaluator:
         root = self.sb.baseline_cache_dir or os.path.join(cfg.broker.cache_dir, "baselines")
         self.ref_root = Path(root).expanduser()
         self.ref_root.mkdir(parents=True, exist_ok=True)
+        self._zyg = None
+        self._zlock = threading.Lock()
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
@@ -117,7 +120,7 @@ class Evaluator:
                     "data_path": str(d / "data.pt"), "backend": self.backend, "runtime": self._runtime_kwargs(),
                     "timing": self._timing_spec() if timing else None,
                     "compile_baseline": self.sb.compile_baseline}
-            out = self._child(spec, wall_s=self.sb.eval_timeout_s)
+            out = self._child(spec, wall_s=self.sb.reference_timeout_s)
             if not out.get("ok"):
                 raise ReferenceFailure(out.get("error", "unknown error"))
             out["cached"] = False
@@ -143,9 +146,13 @@ class Evaluator:
             limits = Limits(wall_s=wall_s, cpu_s=self.sb.cpu_time_limit_s,
                             memory_mb=self.sb.eval_memory_limit_mb if self.backend == "cpu" else 0,
                             file_size_mb=self.sb.file_size_limit_mb)
-            out = run_sandboxed([sys.executable, "-m", "sandbox_workers.runner"], cwd=work, limits=limits,
-                                env=self._child_env(work), stdin=json.dumps(spec).encode(),
-                                max_output_chars=self.sb.max_output_chars)
+            if self.sb.zygote:
+                with self._zlock:
+                    out = self._zygote().run(spec, work, limits, self.sb.max_output_chars)
+            else:
+                out = run_sandboxed([sys.executable, "-m", "sandbox_workers.runner"], cwd=work, limits=limits,
+                                    env=self._child_env(work), stdin=json.dumps(spec).encode(),
+                                    max_output_chars=self.sb.max_output_chars)
             result = _read_json(Path(spec["result_path"]))
         if result is None:
             if out.timed_out:
@@ -159,6 +166,19 @@ class Evaluator:
                     "network_isolated": out.network_isolated}
         result.setdefault("network_isolated", out.network_isolated)
         return result
+
+    def _zygote(self):
+        if self._zyg is None:
+            from sandbox_workers.zygote import ZygoteClient
+
+            zdir = tempfile.mkdtemp(prefix="krl-zygote-")
+            self._zyg = ZygoteClient(self._child_env(zdir), zdir)
+        return self._zyg
+
+    def close(self) -> None:
+        if self._zyg is not None:
+            self._zyg.close()
+            self._zyg = None
 
     def _child_env(self, work: str) -> dict:
         extra = {"PYTHONPATH": str(PROJECT_ROOT), "TORCHINDUCTOR_CACHE_DIR": str(self.ref_root / "inductor"),

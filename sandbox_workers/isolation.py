@@ -26,14 +26,47 @@ _LIVE_LOCK = threading.Lock()
 ABORTED = threading.Event()
 
 
+_LIVE_PGIDS: set[int] = set()
+
+
 def abort_all() -> int:
     """Kill every running sandboxed child (their results are discarded). Returns how many."""
     ABORTED.set()
     with _LIVE_LOCK:
         procs = list(_LIVE.values())
+        pgids = list(_LIVE_PGIDS)
     for p in procs:
         _kill_group(p)
-    return len(procs)
+    for g in pgids:
+        kill_pgid(g)
+    return len(procs) + len(pgids)
+
+
+def register_pgid(pgid: int) -> None:
+    with _LIVE_LOCK:
+        _LIVE_PGIDS.add(pgid)
+    if ABORTED.is_set():
+        kill_pgid(pgid)
+
+
+def unregister_pgid(pgid: int) -> None:
+    with _LIVE_LOCK:
+        _LIVE_PGIDS.discard(pgid)
+
+
+def kill_pgid(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_capped_path(path: str, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            return _read_capped(f, limit)
+    except OSError:
+        return ""
 
 # Environment variables passed through to sandboxed children (everything else is dropped).
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",

@@ -30,7 +30,11 @@ def _err(exc: BaseException, limit: int = 2500) -> str:
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.read())
+    return run_spec(json.loads(sys.stdin.read()))
+
+
+def run_spec(spec: dict) -> int:
+    """Run one spec and write its result file; the return value is the exit code."""
     result_path = spec["result_path"]
     t0 = time.monotonic()
     try:

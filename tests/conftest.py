@@ -15,9 +15,11 @@ import dataclasses
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,7 @@ TEST_OVERRIDES = {
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory):
+def kafka():
     """The session's broker: {'bootstrap', 'state_dir', 'embedded'}."""
     from cluster import broker
     from cluster.config import Config
@@ -48,15 +50,21 @@ def kafka(tmp_path_factory):
         yield {"bootstrap": external, "state_dir": None, "embedded": False}
         return
     cfg = Config()
-    cfg.broker.state_dir = str(tmp_path_factory.mktemp("kafka-state"))
+    # outside pytest's basetemp: concurrent pytest sessions prune each other's old basetemps
+    cfg.broker.state_dir = tempfile.mkdtemp(prefix="krl-test-kafka-")
     cfg.broker.heap_mb = 512
-    st = broker.start(cfg)
+    st = broker.start(cfg, tie_to_parent=True)  # no orphan JVM even if pytest is killed
     os.environ["KRL__BUS__BOOTSTRAP_SERVERS"] = st["bootstrap"]
     try:
         yield {"bootstrap": st["bootstrap"], "state_dir": cfg.broker.state_dir, "embedded": True}
     finally:
         os.environ.pop("KRL__BUS__BOOTSTRAP_SERVERS", None)
-        broker.stop(cfg, timeout_s=20)
+        res = broker.stop(cfg, timeout_s=20)
+        if not res["was_running"]:
+            log = Path(cfg.broker.state_dir, "broker.log").read_text(errors="replace")[-3000:]
+            print(f"WARNING: the session's Kafka broker had died before teardown; log tail:\n{log}",
+                  file=sys.stderr)
+        shutil.rmtree(cfg.broker.state_dir, ignore_errors=True)
 
 
 def _apply(cfg, overrides: dict) -> None:

@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 # How likely each kind of seed is to be picked after the first operator.
 _NEXT_KIND_WEIGHTS = {"unary": 0.6, "reduce": 0.12, "shaping": 0.28}
 _FIRST_SHAPING = 0.85  # multi-op tasks usually start with a GEMM/conv-like operator, as in KernelBench level 2
+_FIRST_COMPUTE = 0.75  # ... and most of those with a compute-heavy one (weights below), the rest any shaping op
+_COMPUTE_WEIGHTS = {"Conv1d": 1.0, "Conv2d": 2.0, "Conv3d": 1.5, "ConvTranspose1d": 0.7, "ConvTranspose2d": 1.5,
+                    "ConvTranspose3d": 1.2, "Linear": 2.5, "Matmul": 1.5, "BatchedMatmul": 1.0, "LlamaMLP": 0.5,
+                    "GPT2Conv1D": 0.4, "MultiheadAttention": 0.4, "TransformerEncoderLayer": 0.4, "GRU": 0.25,
+                    "LSTM": 0.25}
 
 
 class ShapeError(ValueError):
@@ -111,11 +116,14 @@ def _pick(ctx: Ctx, seeds: list[Seed], weights_by_kind: dict[str, float]) -> See
 
 
 def _first(ctx: Ctx, n_ops: int, seeds: list[Seed]) -> tuple[Op, tuple[int, ...], str] | None:
-    if n_ops > 1 and ctx.srng.random() < _FIRST_SHAPING:
-        pool = [s for s in seeds if s.kind in ("shaping", "head") and s.name not in ("Flatten", "Upsample")]
+    r = ctx.srng.random()
+    compute = [s for s in seeds if s.name in _COMPUTE_WEIGHTS]
+    if n_ops > 1 and r < _FIRST_SHAPING * _FIRST_COMPUTE and compute:
+        seed = ctx.srng.choices(compute, [_COMPUTE_WEIGHTS[s.name] for s in compute])[0]
+    elif n_ops > 1 and r < _FIRST_SHAPING:
+        seed = ctx.choice([s for s in seeds if s.kind in ("shaping", "head") and s.name not in ("Flatten", "Upsample")])
     else:
-        pool = list(seeds)
-    seed = ctx.choice(pool)
+        seed = ctx.choice(list(seeds))
     rank = ctx.choice(seed.ranks)
     shape = fresh_input_shape(rank, ctx, seed.flavour)
     op = seed.make(shape, ctx)

@@ -148,7 +148,7 @@ def write_task(out: Path, entry: TaskEntry, number: int) -> TaskEntry:
     sub = out / entry.backend / f"level{entry.level}"
     sub.mkdir(parents=True, exist_ok=True)
     path = sub / f"{number}_{entry.name}.py"
-    path.write_text(entry.model_py if entry.model_py.endswith("\n") else entry.model_py + "\n")
+    path.write_text(entry.model_py)
     entry.file = str(path.relative_to(out))
     return entry
 

@@ -42,7 +42,9 @@ class FilterConfig:
     warmup: int = 2
     trials: int = 7
     input_seeds: tuple[int, int] = (42, 43)
-    threads: int = 0  # torch CPU threads in the child; 0 = torch's default
+    threads: int = 1  # torch CPU threads in the child (0 = torch's default); one thread keeps timings
+    #                   stable on a busy 2-core machine, where OpenMP spin-waits inflate runtimes 100x
+    flush_mb: int = -1  # cache-flush buffer before each timed trial (-1: 8 MiB on CPU, 256 MiB on GPU)
 
     def window(self) -> tuple[float, float]:
         lo, hi = DEFAULT_WINDOWS[self.backend]
@@ -118,7 +120,7 @@ def _run(model, inputs, rng_seed: int):
         return _outputs(model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]))
 
 
-def time_eager_ms(model, inputs, backend: str, warmup: int, trials: int) -> float:
+def time_eager_ms(model, inputs, cfg: FilterConfig) -> float:
     """Median eager runtime in ms, with the sandbox's timing protocol (cache flush, batching) when installed."""
     import torch
 
@@ -126,9 +128,13 @@ def time_eager_ms(model, inputs, backend: str, warmup: int, trials: int) -> floa
         from sandbox_workers.backends import get_runtime
     except ImportError:  # the tasks package also runs where the sandbox is not installed
         get_runtime = None
+    backend, warmup, trials = cfg.backend, cfg.warmup, cfg.trials
     with torch.no_grad():
         if get_runtime is not None:
-            runtime = _RUNTIMES.get(backend) or _RUNTIMES.setdefault(backend, get_runtime(backend))
+            flush = cfg.flush_mb if cfg.flush_mb >= 0 else (8 if backend == "cpu" else 256)
+            kwargs = {"flush_mb": flush, "threads": cfg.threads} if backend == "cpu" else {"flush_mb": flush}
+            key = (backend, tuple(sorted(kwargs.items())))
+            runtime = _RUNTIMES.get(key) or _RUNTIMES.setdefault(key, get_runtime(backend, **kwargs))
             stats = runtime.time_callable(lambda: model(*inputs), warmup=warmup, min_trials=trials,
                                           max_trials=4 * trials, budget_s=1.0, rel_ci=0.02, min_trial_s=2e-4)
             return stats["median_s"] * 1e3
@@ -195,7 +201,7 @@ def _check(source: str, cfg: FilterConfig, verdict: Verdict) -> None:
     if _close(out_a, out_b, cfg.atol, cfg.rtol):
         raise Reject("input_insensitive", "outputs for different inputs are indistinguishable within tolerance")
     lo, hi = cfg.window()
-    verdict.eager_ms = time_eager_ms(model, inputs_a, cfg.backend, cfg.warmup, cfg.trials)
+    verdict.eager_ms = time_eager_ms(model, inputs_a, cfg)
     if not lo <= verdict.eager_ms <= hi:
         raise Reject("runtime_window", f"eager runtime {verdict.eager_ms:.3f} ms outside [{lo}, {hi}] ms")
     if cfg.check_compile:
@@ -229,7 +235,7 @@ def check_task(source: str, cfg: FilterConfig | None = None) -> Verdict:
     import torch
 
     cfg = cfg or FilterConfig()
-    if cfg.threads:
+    if cfg.threads and cfg.backend == "cpu":
         torch.set_num_threads(cfg.threads)
     verdict = Verdict(ok=False)
     t0 = time.perf_counter()

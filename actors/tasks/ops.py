@@ -16,15 +16,15 @@ from typing import Any, Callable
 # CPU-sized and GPU-sized twins draw the same index (and so the same structure).
 PROFILES: dict[str, dict[str, tuple[int, ...]]] = {
     "cpu": {
-        "batch": (4, 8, 8, 16),
-        "features": (64, 128, 256, 384),
+        "batch": (8, 16, 16, 32),
+        "features": (256, 512, 1024, 2048),
         "channels": (4, 8, 12, 16),
-        "spatial2d": (12, 16, 20, 24),
-        "spatial3d": (4, 6, 8, 8),
-        "length": (64, 96, 128, 192),
-        "seq": (16, 24, 32, 48),
-        "hidden": (32, 64, 64, 96),
-        "matrix": (64, 96, 128, 160),
+        "spatial2d": (16, 24, 32, 32),
+        "spatial3d": (6, 8, 10, 12),
+        "length": (128, 256, 384, 512),
+        "seq": (16, 32, 48, 64),
+        "hidden": (64, 96, 128, 192),
+        "matrix": (128, 192, 256, 320),
     },
     "cuda": {
         "batch": (32, 64, 64, 128),
@@ -39,8 +39,8 @@ PROFILES: dict[str, dict[str, tuple[int, ...]]] = {
     },
 }
 # Composition keeps intermediate tensors within these element counts.
-MAX_NUMEL = {"cpu": 1 << 19, "cuda": 1 << 28}
-MIN_NUMEL = {"cpu": 256, "cuda": 1 << 16}
+MAX_NUMEL = {"cpu": 1 << 20, "cuda": 1 << 28}
+MIN_NUMEL = {"cpu": 1 << 12, "cuda": 1 << 16}
 
 
 def profile_for(backend: str) -> dict[str, tuple[int, ...]]:

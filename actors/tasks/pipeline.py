@@ -18,7 +18,7 @@ from actors.tasks.dataset import TaskEntry, content_id, next_number, write_index
 from actors.tasks.filter import DEFAULT_WINDOWS, FilterConfig
 
 log = logging.getLogger(__name__)
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 # CUDA-Agent-Ops-6K's operator-count mix (REFERENCE.md section 1).
 CUDA_AGENT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
 

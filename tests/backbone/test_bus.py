@@ -83,7 +83,7 @@ def test_invalid_message_goes_to_dlq_and_consumer_continues(cfg):
         prod = bus.producer()
         prod.send(T.TASKS, Task(task_id="a", model_py="m"), key="k", partition=0)
         prod.send_bytes(T.TASKS, b"\x93not msgpack at all", key="k", partition=0)
-        prod.send_bytes(T.TASKS, msgpack.packb({"k": "task", "v": 1, "d": {"task_id": 7}}), key="k", partition=0)
+        prod.send_bytes(T.TASKS, msgpack.packb({"k": "task", "v": 1, "d": {"task_id": 7, "model_py": "m"}}), key="k", partition=0)
         prod.send(T.TASKS, big_trajectory(10), key="k", partition=0)  # valid, but not what this consumer takes
         prod.send(T.TASKS, Task(task_id="b", model_py="m"), key="k", partition=0)
         prod.flush(30)

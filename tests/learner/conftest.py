@@ -40,4 +40,7 @@ def ds_process():
     os.environ["TORCH_EXTENSIONS_DIR"] = eng.extensions_dir(cfg)  # subprocesses inherit it: no rebuild
     eng.setup_env(cfg)
     eng.init_distributed()
+    # The group exists now; keep the rendezvous variables out of subprocesses started by later tests.
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # DeepSpeed engines still read LOCAL_RANK
+        os.environ.pop(key, None)
     return cfg

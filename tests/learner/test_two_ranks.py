@@ -20,7 +20,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
+@pytest.mark.parametrize("zero_stage", [2])  # ZeRO-3 passes too (25 s): not in the budget
 def test_two_ranks_identical_parameters(ds_process, tiny_model, tmp_path, zero_stage):
     port = _port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

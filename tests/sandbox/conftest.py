@@ -8,15 +8,20 @@ import pytest
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 
 
-def fast_cfg(cache_dir: str):
+def fast_sandbox(cache_dir: str) -> dict:
+    """Sandbox settings for tests: small flush, few trials, short deadlines, caches under cache_dir."""
+    return {"cpu_flush_mb": 8, "trials": 5, "max_trials": 20, "timing_budget_s": 0.3, "warmup": 2,
+            "eval_timeout_s": 60.0, "compile_timeout_s": 60.0, "eval_memory_limit_mb": 6144, "cpu_threads": 2,
+            "artifact_cache_dir": os.path.join(cache_dir, "artifacts"),
+            "baseline_cache_dir": os.path.join(cache_dir, "baselines")}
+
+
+def fast_cfg(cache_dir: str, cfg=None):
     from cluster.config import Config
 
-    cfg = Config()
-    cfg.broker.cache_dir = cache_dir
-    sb = cfg.sandbox
-    sb.cpu_flush_mb, sb.trials, sb.max_trials, sb.timing_budget_s, sb.warmup = 8, 5, 20, 0.3, 2
-    sb.eval_timeout_s, sb.compile_timeout_s, sb.eval_memory_limit_mb = 60.0, 60.0, 6144
-    sb.cpu_threads = 2
+    cfg = cfg or Config()
+    for k, v in fast_sandbox(cache_dir).items():
+        setattr(cfg.sandbox, k, v)
     return cfg
 
 
@@ -35,7 +40,9 @@ def sb_cfg(sandbox_cache):
 def evaluator(sb_cfg):
     from sandbox_workers.evaluator import Evaluator
 
-    return Evaluator(sb_cfg, "cpu")
+    ev = Evaluator(sb_cfg, "cpu")
+    yield ev
+    ev.close()
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,9 @@ def nostatic(sb_cfg):
 
     cfg = copy.deepcopy(sb_cfg)
     cfg.sandbox.static_guards = False
-    return Evaluator(cfg, "cpu")
+    ev = Evaluator(cfg, "cpu")
+    yield ev
+    ev.close()
 
 
 def rejected(res: dict, name: str) -> None:
@@ -35,7 +37,7 @@ def test_honest_solution_is_correct(evaluator, relu_task):
 
 
 def test_known_wrong_solution_gets_minus_one(evaluator, relu_task):
-    res = evaluator.evaluate(relu_task, relu_with_body("for (int64_t i = 0; i < n; ++i) y[i] = x[i];"),
+    res = evaluator.evaluate(relu_task, relu_with_body("for (int64_t i = 0; i < n; ++i) y[i] = 2.f * x[i];"),
                              mode="verify")
     assert res["compiled"] and not res["correct"] and res["reward"] == -1.0 and "mismatch" in res["error"]
 
@@ -160,9 +162,17 @@ def test_reading_evaluator_files_runtime(nostatic, relu_task):
              "reads_evaluator_files")
 
 
-def test_timed_calls_are_checked(evaluator, relu_task):
+def test_timed_calls_are_checked(sb_cfg, relu_task):
     # correct for the verification calls, then skips the work while being timed
+    from sandbox_workers.evaluator import Evaluator
+
+    cfg = copy.deepcopy(sb_cfg)
+    cfg.sandbox.compile_baseline = False  # the eager baseline is enough here; inductor is slow to start
+    ev = Evaluator(cfg, "cpu")
     extra = "static int64_t g_calls = 0;"
     body = "if (++g_calls > 8) return;\nfor (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;"
-    res = evaluator.evaluate(relu_task, relu_with_body(body, extra_cpp=extra), mode="both")
+    try:
+        res = ev.evaluate(relu_task, relu_with_body(body, extra_cpp=extra), mode="both")
+    finally:
+        ev.close()
     rejected(res, "timed_output_mismatch")

@@ -1,0 +1,90 @@
+"""`kernelrl eval`: KernelBench-style evaluation of a policy or of a folder of ready solutions.
+
+Writes DIR/eval.json (overall, per level, per task) and DIR/eval.png, prints a per-level
+table: pass rate, fast_1 vs eager and vs torch.compile, geometric-mean speed-ups.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tasks", required=True, help="task folder (kernelrl index.json or a KernelBench checkout)")
+    p.add_argument("--policy", choices=["solutions", "vllm", "openai"], default="solutions")
+    p.add_argument("--solutions", help="--policy solutions: folder with one solution per task "
+                                      "(<stem>/model_new.py + kernels/, or <stem>.py holding ModelNew)")
+    p.add_argument("--backend", choices=["cpu", "cuda"], default=None, help="default: sandbox.backend")
+    p.add_argument("--task-backend", default="all",
+                   help="only tasks sized for this backend (cpu, cuda, all); folders without an index are all")
+    p.add_argument("--level", type=int, default=None)
+    p.add_argument("--limit", type=int, default=0, help="first N tasks only")
+    p.add_argument("--only-solved", action="store_true",
+                   help="evaluate only the tasks that have a solution (the default counts missing ones as failed)")
+    p.add_argument("--via", choices=["local", "bus"], default="local",
+                   help="local: the sandbox's one-shot evaluator here; bus: the sandbox workers over Kafka")
+    p.add_argument("--shrink-inputs", type=int, default=0, metavar="N",
+                   help="halve the tasks' shape constants until get_inputs() holds <= N elements (GPU-sized "
+                        "sets on a CPU; the report marks the tasks shrunk)")
+    p.add_argument("--workers", type=int, default=1, help="evaluations in parallel (timings are fairer with 1)")
+    p.add_argument("--model-path", default="", help="--policy vllm|openai: model/tokenizer path")
+    p.add_argument("--out", default="kernelrl-eval", help="report folder (eval.json, eval.png)")
+    p.add_argument("--json", action="store_true", help="print the overall summary as JSON")
+
+
+def run(args, cfg) -> int:
+    from actors.tasks.dataset import load_tasks
+    from actors.tasks.evaluate import find_solution
+    from actors.tasks.metrics import plot, report, table
+    from cluster.errors import KernelRLError
+
+    backend = args.backend or cfg.sandbox.backend
+    entries = load_tasks(args.tasks, backend=args.task_backend, level=args.level, default_backend=backend)
+    if args.policy == "solutions":
+        if not args.solutions or not Path(args.solutions).is_dir():
+            raise KernelRLError(f"--policy solutions needs --solutions DIR (got {args.solutions!r})")
+        if args.only_solved:
+            entries = [e for e in entries if find_solution(Path(args.solutions), e) is not None]
+    if args.limit:
+        entries = entries[:args.limit]
+    if not entries:
+        raise KernelRLError("no tasks to evaluate")
+    shrunk = {}
+    for e in entries:
+        e.backend = backend  # evaluated on this backend whatever size the task was made for
+        if args.shrink_inputs > 0:
+            from actors.tasks.shrink import shrink_task
+
+            e.model_py, changes = shrink_task(e.model_py, args.shrink_inputs)
+            if changes:
+                shrunk[e.task_id] = changes
+    results = _results(args, cfg, entries, backend)
+    meta = {"tasks": str(args.tasks), "policy": args.policy, "solutions": args.solutions, "backend": backend,
+            "via": args.via, "n_tasks": len(entries), "shrink_inputs": args.shrink_inputs, "shrunk": shrunk}
+    rep = report(results, meta)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(rep, indent=1) + "\n")
+    plot(rep, str(out / "eval.png"), title=f"kernelrl eval: {args.policy} on {Path(args.tasks).name} ({backend})")
+    if args.json:
+        print(json.dumps(rep["overall"]))
+    else:
+        print(table(rep))
+        print(f"report: {out / 'eval.json'}  plot: {out / 'eval.png'}", file=sys.stderr)
+    return 0
+
+
+def _results(args, cfg, entries, backend):
+    from actors.tasks.evaluate import BusSolutions, LocalSolutions, run_episodes, run_solutions
+
+    if args.policy != "solutions":
+        import asyncio
+
+        cfg.actor.policy = args.policy
+        return asyncio.run(run_episodes(cfg, entries, args.model_path))
+    runner = BusSolutions(cfg, backend) if args.via == "bus" else LocalSolutions(cfg, backend)
+    try:
+        return run_solutions(entries, Path(args.solutions), runner, workers=args.workers)
+    finally:
+        runner.close()

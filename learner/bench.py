@@ -1,0 +1,281 @@
+"""`kernelrl bench learner`: PPO step throughput vs a plain PyTorch loop, and weight publishing vs memcpy.
+
+Both training loops run in the same process on the same model and the same
+batch, interleaved step by step so machine noise hits both alike:
+``ppo_tok_s`` is the learner's Trainer (DeepSpeed engines, packing, GAE,
+decoupled PPO + clipped value loss), ``plain_tok_s`` the same work written as a
+bare PyTorch loop (AdamW, no DeepSpeed). ``publish_gb_s`` is export (HF
+safetensors) + transport (+ announcement) of the policy, ``memcpy_gb_s`` an
+in-memory copy of the same number of bytes.
+
+Extra arguments after `bench learner`, as words: model=tiny|random-0.5b|PATH,
+batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+QWEN05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+               num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+
+
+def _options(rest: list[str]):
+    p = argparse.ArgumentParser(prog="kernelrl bench learner --")
+    p.add_argument("--model", default="tiny", help="tiny | random-0.5b | an HF folder")
+    p.add_argument("--batch", type=int, default=8, help="trajectories per step")
+    p.add_argument("--seq", type=int, default=512, help="tokens per trajectory")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--publishes", type=int, default=3)
+    p.add_argument("--transport", default="auto", choices=["auto", "kafka", "fs"])
+    flat: list[str] = []
+    for tok in rest:  # `kernelrl bench learner steps=3 model=random-0.5b` (the bench CLI passes bare words)
+        if "=" in tok and not tok.startswith("-"):
+            k, v = tok.split("=", 1)
+            flat += [f"--{k}", v]
+        else:
+            flat.append(tok)
+    return p.parse_args(flat)
+
+
+def _random_model(dst: Path, tiny: str) -> str:
+    """A randomly initialised Qwen2 of ~0.5B parameters (Qwen2.5-0.5B shapes) with the tiny tokenizer files."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**QWEN05B, max_position_embeddings=32768, torch_dtype="bfloat16"))
+    model.to(torch.bfloat16).save_pretrained(str(dst), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (Path(tiny) / name).exists():
+            shutil.copyfile(Path(tiny) / name, dst / name)
+    return str(dst)
+
+
+def _samples(batch: int, seq: int, vocab: int):
+    from learner.data import Sample
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(batch):
+        ids = rng.integers(10, vocab - 1, seq)
+        mask = np.zeros(seq, np.uint8)
+        mask[seq // 8:] = 1
+        lp = np.where(mask > 0, rng.normal(-6.0, 0.3, seq), 0).astype(np.float32)
+        out.append(Sample(f"b{i}", ids, lp, mask, reward=float((-1) ** i), min_version=0))
+    return out
+
+
+class PlainLoop:
+    """The same PPO step as the Trainer's, in bare PyTorch: same models, same batch, AdamW, no DeepSpeed."""
+
+    def __init__(self, cfg, model_path: str, device) -> None:
+        import torch
+
+        from learner.models import load_critic, load_policy
+        from learner.objective import PPOParams
+
+        dtype = torch.bfloat16 if cfg.learner.dtype == "bf16" else torch.float32
+        self.cfg, self.device = cfg, device
+        self.policy = load_policy(model_path, dtype).to(device)
+        self.critic = load_critic(model_path, dtype).to(device)
+        self.opt_p = torch.optim.AdamW(self.policy.parameters(), lr=cfg.learner.actor_lr, weight_decay=0.0)
+        self.opt_c = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=0.0)
+        lc = cfg.learner
+        self.params = PPOParams(clip_low=lc.clip_low, clip_high=lc.clip_high, mode=lc.off_policy)
+
+    def step(self, samples) -> int:
+        import torch
+
+        from learner.data import collate, pack
+        from learner.models import token_logprobs
+        from learner.objective import gae, ppo_policy_loss, value_loss
+
+        lc = self.cfg.learner
+        batches = [collate(g).to(self.device) for g in pack(samples, lc.token_budget)]
+        norm = sum(float(b.loss_mask.sum()) for b in batches)
+        prep = []
+        with torch.no_grad():
+            for mb in batches:
+                prox = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=lc.logit_chunk)[0].float()
+                values = self.critic(mb.input_ids, mb.attention_mask).float() * mb.loss_mask
+                adv, ret = torch.zeros_like(values), torch.zeros_like(values)
+                for i in range(values.shape[0]):
+                    a, r = gae(float(mb.reward[i]), values[i].cpu(), mb.loss_mask[i].cpu(), lc.gamma, lc.lam)
+                    adv[i], ret[i] = a.to(values.device), r.to(values.device)
+                prep.append((prox, values, adv, ret))
+        for mb, (prox, old_v, adv, ret) in zip(batches, prep):
+            logp, _ = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, want_entropy=True,
+                                     chunk=lc.logit_chunk)
+            ppo_policy_loss(logp, prox, mb.logp_mu, adv, mb.loss_mask, self.params, norm)[0].backward()
+            value_loss(self.critic(mb.input_ids, mb.attention_mask).float(), old_v, ret, mb.loss_mask,
+                       lc.value_clip, norm)[0].backward()
+        for model, opt in ((self.policy, self.opt_p), (self.critic, self.opt_c)):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), lc.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return sum(b.tokens for b in batches)
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _bench_training(cfg, model_path: str, o) -> dict:
+    from learner import engine as eng
+    from learner.trainer import Trainer
+
+    trainer = Trainer(cfg, model_path)
+    plain = PlainLoop(cfg, model_path, eng.device())
+    samples = _samples(o.batch, o.seq, int(trainer.policy_module().config.vocab_size))
+    t_ppo = t_plain = 0.0
+    tok_ppo = tok_plain = 0
+    for i in range(o.warmup + o.steps):
+        _sync()
+        t0 = time.perf_counter()
+        m = trainer.step(samples)
+        _sync()
+        t1 = time.perf_counter()
+        n_plain = plain.step(samples)
+        _sync()
+        t2 = time.perf_counter()
+        if i >= o.warmup:
+            t_ppo += t1 - t0
+            t_plain += t2 - t1
+            tok_ppo += int(m["tokens"])
+            tok_plain += n_plain
+    del plain
+    return {"ppo_tok_s": tok_ppo / t_ppo, "plain_tok_s": tok_plain / t_plain,
+            "ppo_step_s": t_ppo / o.steps, "plain_step_s": t_plain / o.steps, "trainer": trainer}
+
+
+def _memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def _kafka_ready(cfg) -> tuple[bool, bool]:
+    """(usable, started_here): a configured or running broker, else try to start the embedded one."""
+    from cluster import broker
+
+    if cfg.bus.bootstrap_servers or broker.status(cfg)["running"]:
+        return True, False
+    try:
+        broker.start(cfg)
+        return True, True
+    except Exception as exc:  # noqa: BLE001 - no Java / jars on this host: the bench falls back to fs
+        log.warning("no Kafka broker for the publish bench (%s): using the fs transport", exc)
+        return False, False
+
+
+def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
+    from cluster import broker
+    from cluster.bus import Bus
+    from learner.publish import Publisher
+
+    transport, started, bus, prod = o.transport, False, None, None
+    if transport in ("auto", "kafka"):
+        ok, started = _kafka_ready(cfg)
+        transport = "kafka" if ok else "fs"
+    cfg.learner.weight_transport = transport
+    cfg.learner.weight_fs_dir = str(tmp / "weights")
+    try:
+        if transport == "kafka":
+            from cluster import topics_admin
+
+            cfg.bus.topic_prefix = f"{cfg.bus.topic_prefix}bench-learner-{int(time.time())}."
+            topics_admin.create_all(cfg)
+            bus = Bus(cfg, client_id="bench-learner")
+            prod = bus.producer()
+        pub = Publisher(cfg, prod)
+        times, nbytes = [], 0
+        for v in range(1, o.publishes + 1):
+            ann, secs = pub.publish(trainer.policy_module(), v, v, model_path)
+            times.append(secs)
+            nbytes = ann.total_bytes
+    finally:
+        if prod is not None:
+            prod.close()
+        if bus is not None:
+            from cluster import topics_admin
+
+            topics_admin.delete_prefix(cfg)
+            bus.close()
+        if started:
+            broker.stop(cfg)
+    best = min(times)
+    return {"publish_transport": transport, "publish_bytes": nbytes, "publish_s": best,
+            "publish_gb_s": nbytes / best / 1e9, "memcpy_gb_s": _memcpy_gb_s(nbytes)}
+
+
+def run_bench(args, cfg) -> dict:
+    from learner import engine as eng
+
+    o = _options(list(getattr(args, "rest", []) or []))
+    eng.setup_env(cfg)
+    eng.init_distributed()
+    from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
+
+    cfg.learner.stage = "ppo"
+    cfg.learner.token_budget = max(cfg.learner.token_budget, o.seq)
+    tiny = build_tiny_model(default_tiny_model_dir(cfg))
+    with tempfile.TemporaryDirectory(prefix="krl-bench-learner-") as tmpd:
+        tmp = Path(tmpd)
+        if o.model == "tiny":
+            model_path = tiny
+        elif o.model == "random-0.5b":
+            model_path = _random_model(tmp / "random-0.5b", tiny)
+        else:
+            model_path = o.model
+        train = _bench_training(cfg, model_path, o)
+        trainer = train.pop("trainer")
+        n_params = sum(p.numel() for p in trainer.policy_module().parameters())
+        pub = _bench_publish(cfg, trainer, model_path, o, tmp)
+    out = {"model": o.model, "params": n_params, "device": "cuda" if eng.on_gpu() else "cpu",
+           "dtype": cfg.learner.dtype, "zero_stage": cfg.learner.zero_stage, "batch": o.batch, "seq": o.seq,
+           "steps": o.steps, **train, **pub}
+    out["ppo_vs_plain"] = out["ppo_tok_s"] / out["plain_tok_s"]
+    out["publish_vs_memcpy"] = out["publish_gb_s"] / out["memcpy_gb_s"]
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m learner.bench [--set section.field=value ...] [word=value ...]`: the bench without the CLI."""
+    import json
+    import sys
+
+    from cluster.config import load
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sets, rest = [], []
+    while argv:
+        tok = argv.pop(0)
+        if tok == "--set" and argv:
+            sets.append(argv.pop(0))
+        else:
+            rest.append(tok)
+    logging.basicConfig(level=logging.WARNING)
+    print(json.dumps(run_bench(argparse.Namespace(rest=rest), load(None, sets))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Request/reply on the real broker: replies, timeouts, retries, duplicates, late and stale replies."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+import uvloop
+
+from cluster.bus import AsyncRequestClient, Bus, RequestClient, RequestTimeout, serve
+from schemas import topics as T
+from schemas.messages import CompileRequest, CompileResult, DeadLetter, RequestHeader, Task
+from tests.backbone.test_bus import _wait, dead_letters
+
+
+def req(episode="ep", **kw) -> CompileRequest:
+    return CompileRequest(header=RequestHeader(), episode_id=episode, files={"model_new.py": "x = 1\n"}, **kw)
+
+
+def ok(msg) -> CompileResult:
+    return CompileResult(request_id=msg.header.request_id, episode_id=msg.episode_id, ok=True,
+                         log=f"attempt {msg.header.attempt}")
+
+
+@contextlib.contextmanager
+def worker(bus, handler, topic=T.TOOL_COMPILE, group="compile-workers", **kw):
+    """serve() on a thread, ready (partitions assigned) before the block runs."""
+    stop, ready, out = threading.Event(), threading.Event(), {}
+
+    def run():
+        out["stats"] = serve(bus, topic, group, handler, stop, on_ready=ready.set, **kw)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    assert ready.wait(30), "worker never got its partitions"
+    try:
+        yield out
+    finally:
+        stop.set()
+        th.join(15)
+        assert not th.is_alive(), "serve() did not stop on stop_event"
+
+
+def test_request_gets_its_reply_and_the_worker_commits(cfg):
+    with Bus(cfg, client_id="rr") as bus, worker(bus, ok) as w, RequestClient(bus, "actor-0") as client:
+        replies = [client.request(T.TOOL_COMPILE, req(f"ep{i}"), timeout_s=10) for i in range(5)]
+        assert [r.episode_id for r in replies] == [f"ep{i}" for i in range(5)]
+        assert all(r.ok and r.log == "attempt 0" for r in replies)
+        assert client.stats["replies"] == 5 and client.stats["timeouts"] == 0
+    assert w["stats"]["handled"] == 5
+    with Bus(cfg) as bus:
+        assert bus.lag("compile-workers", [T.TOOL_COMPILE]) == {T.TOOL_COMPILE: 0}
+
+
+def test_timeout_then_retry_succeeds_and_the_slow_reply_is_a_duplicate(cfg):
+    def slow_first(msg):
+        if msg.header.attempt == 0:
+            time.sleep(1.5)
+        return ok(msg)
+
+    with Bus(cfg) as bus, worker(bus, slow_first), RequestClient(bus, "actor-1") as client:
+        t0 = time.monotonic()
+        reply = client.request(T.TOOL_COMPILE, req(), timeout_s=0.5, retries=3, backoff_s=0.05)
+        assert reply.ok and time.monotonic() - t0 >= 0.5
+        assert client.stats["timeouts"] >= 1 and client.stats["retries"] >= 1
+        # both attempts share the request id: the first reply answers, the other is dropped
+        _wait(lambda: client.stats["duplicates"] >= 1, 10, "the second reply to be dropped as a duplicate")
+        assert client.stats["replies"] == 1
+
+
+def test_no_worker_times_out_after_bounded_retries_and_expired_requests_are_skipped(cfg):
+    with Bus(cfg) as bus:
+        with RequestClient(bus, "actor-2") as client:
+            t0 = time.monotonic()
+            with pytest.raises(RequestTimeout, match=r"after 3 attempt\(s\)"):
+                client.request(T.TOOL_COMPILE, req(), timeout_s=0.3, retries=2, backoff_s=0.05)
+            elapsed = time.monotonic() - t0
+            assert 0.9 <= elapsed < 5 and client.stats["timeouts"] == 3 and client.stats["retries"] == 2
+        # a worker that starts later finds three expired requests: skipped, committed, never handled
+        calls = []
+        with worker(bus, lambda m: calls.append(m) or ok(m)):
+            _wait(lambda: bus.lag("compile-workers", [T.TOOL_COMPILE])[T.TOOL_COMPILE] == 0, 20,
+                  "expired requests to be committed")
+        assert calls == []
+
+
+def test_late_reply_after_giving_up_is_dropped(cfg):
+    def slow(msg):
+        time.sleep(1.0)
+        return ok(msg)
+
+    with Bus(cfg) as bus, worker(bus, slow), RequestClient(bus, "actor-3") as client:
+        with pytest.raises(RequestTimeout):
+            client.request(T.TOOL_COMPILE, req(), timeout_s=0.3, retries=0)
+        _wait(lambda: client.stats["late"] == 1, 10, "the late reply")
+        assert client.stats["replies"] == 0
+        # the client still works afterwards
+        assert client.request(T.TOOL_COMPILE, req("after"), timeout_s=10).episode_id == "after"
+
+
+def test_duplicate_and_stale_replies_are_dropped(cfg):
+    with Bus(cfg) as bus, RequestClient(bus, "actor-4") as client:
+        extra = bus.producer(linger_ms=0)
+
+        def twice(msg):
+            reply = ok(msg)
+            extra.send(msg.header.reply_topic, reply, partition=msg.header.reply_partition).get(10)
+            return reply
+
+        # a stale reply for a request id nobody waits for
+        extra.send(T.TOOL_REPLIES, CompileResult(request_id="old", episode_id="e", ok=True),
+                   partition=client.partition).get(10)
+        with worker(bus, twice):
+            reply = client.request(T.TOOL_COMPILE, req(), timeout_s=10)
+            assert reply.ok
+            _wait(lambda: client.stats["duplicates"] == 1 and client.stats["stale"] == 1, 10, "drops")
+        assert client.stats["replies"] == 1
+        extra.close()
+
+
+def test_handler_error_becomes_an_error_reply_and_non_requests_go_to_the_dlq(cfg):
+    def boom(msg):
+        raise ValueError(f"cannot build {msg.episode_id}")
+
+    with Bus(cfg) as bus:
+        with worker(bus, boom) as w, RequestClient(bus, "actor-5") as client:
+            reply = client.request(T.TOOL_COMPILE, req("bad"), timeout_s=10)
+        assert reply.ok is False and reply.error == "ValueError: cannot build bad"
+        assert w["stats"]["errors"] == 1
+        prod = bus.producer()
+        prod.send(T.TASKS, Task(task_id="t1", model_py="m"), key="t1").get(10)
+        prod.close()
+
+        def no_task(msg):
+            raise RuntimeError("nope")
+
+        with worker(bus, no_task, topic=T.TASKS, group="feeders"):
+            (letter,) = dead_letters(bus, 1)
+        assert isinstance(letter, DeadLetter) and letter.error == "handler: RuntimeError: nope"
+        assert letter.source_topic == cfg.topic(T.TASKS)
+
+
+def test_async_client_concurrent_requests_on_uvloop(cfg):
+    def echo(msg):
+        time.sleep(0.01)
+        return ok(msg)
+
+    async def main(client):
+        reqs = [client.request(T.TOOL_COMPILE, req(f"ep{i}"), timeout_s=20) for i in range(20)]
+        ticks = 0
+
+        async def ticker():  # the loop stays responsive while requests are in flight
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        t = asyncio.ensure_future(ticker())
+        replies = await asyncio.gather(*reqs)
+        t.cancel()
+        return replies, ticks
+
+    with Bus(cfg) as bus, worker(bus, echo):
+        client = AsyncRequestClient(bus, "actor-async")
+        try:
+            replies, ticks = uvloop.run(main(client))
+        finally:
+            client.close()
+    assert [r.episode_id for r in replies] == [f"ep{i}" for i in range(20)]
+    assert ticks >= 10

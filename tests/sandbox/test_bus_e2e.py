@@ -1,0 +1,131 @@
+"""The CPU oracle end to end through the real broker: compile worker + evaluation worker subprocesses.
+
+One evaluation worker serves, in order: an honest solution (timed, reward >= 1),
+a segfault, a hang, a memory hog, and the honest solution again: the bad ones
+are contained in their children and the worker keeps serving. SIGTERM stops
+both workers cleanly; a job abandoned mid-run stays uncommitted.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import KERNELRL, cfg_env
+from tests.sandbox.conftest import fast_sandbox
+from tests.sandbox.helpers import ROOT, relu_with_body
+
+EXAMPLE = ROOT / "skills" / "examples" / "cpu_19_relu"
+
+
+def _wait_assigned(bus, group: str, topic: str, timeout: float = 60.0) -> None:
+    """Until the worker's consumer group has joined (requests sent before may be skipped by 'latest')."""
+    from kafka import KafkaAdminClient
+
+    from cluster.bus_clients import admin_kwargs
+
+    admin = KafkaAdminClient(**admin_kwargs(bus.cfg, "sbx-test-admin", bus.bootstrap))
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            g = admin.describe_groups([group]).get(group) or {}
+            if g.get("group_state") == "Stable" and g.get("members"):
+                return
+            time.sleep(0.3)
+    finally:
+        admin.close()
+    raise AssertionError(f"consumer group {group} never became stable")
+
+
+@pytest.fixture
+def oracle_cfg(make_cfg, sandbox_cache):
+    overrides = {f"sandbox__{k}": v for k, v in fast_sandbox(sandbox_cache).items()}
+    overrides["sandbox__eval_timeout_s"] = 15.0  # the hang costs this much
+    overrides["sandbox__eval_memory_limit_mb"] = 5120
+    return make_cfg(**overrides)
+
+
+def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
+    from cluster.bus import Bus, RequestClient
+    from sandbox_workers import workspace
+    from schemas import topics
+    from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
+
+    env = cfg_env(oracle_cfg)
+    logs = {}
+    procs = {}
+    for role, args in (("compile", ["compile-worker"]), ("eval", ["eval-worker", "--device", "cpu"])):
+        logs[role] = open(tmp_path / f"{role}.log", "wb")
+        procs[role] = spawn([*KERNELRL, "-v", *args], env=env, stdout=logs[role], stderr=subprocess_stdout())
+    bus = Bus(oracle_cfg, client_id="sbx-test")  # groups read from 'earliest': no need to wait for them
+    client = RequestClient(bus, name="sbx-test-actor")
+    task = (EXAMPLE / "model.py").read_text()
+    good = workspace.read_dir(EXAMPLE)
+    try:
+        comp = client.request(topics.TOOL_COMPILE, CompileRequest(header=RequestHeader(), episode_id="ep-1",
+                                                                  files=good, backend="cpu"), timeout_s=120, retries=0)
+        assert comp.ok and comp.artifact and comp.artifact_key and comp.artifact_uri.startswith("file://"), comp
+        bad = client.request(topics.TOOL_COMPILE, CompileRequest(header=RequestHeader(), episode_id="ep-1",
+                                                                 files=relu_with_body("nonsense;"), backend="cpu"),
+                             timeout_s=120, retries=0)
+        assert not bad.ok and "nonsense" in bad.log
+
+        def evaluate(files, mode="verify", **kw):
+            req = EvaluateRequest(header=RequestHeader(), episode_id="ep-1", task_id="l1-19-relu", model_py=task,
+                                  files=files, mode=mode, backend="cpu", **kw)
+            return client.request(topics.evaluate_topic("cpu"), req, timeout_s=300, retries=0)
+
+        first = evaluate(good, mode="both", artifact=comp.artifact, artifact_key=comp.artifact_key)
+        assert first.compiled and first.correct and first.reward >= 1.0, (first.error, first.violations)
+        assert first.timings["candidate"]["n"] >= 5 and first.timings["eager"]["median_s"] > 0
+        assert first.timings["compile"]["median_s"] > 0 and first.speedup_vs_eager > 0
+
+        crash = evaluate(relu_with_body("float* p = nullptr; for (int64_t i = 0; i < n; ++i) p[i * 4096] = 1.f;"))
+        assert not crash.correct and crash.reward == -1.0 and "SIGSEGV" in crash.error, crash.error
+        t0 = time.monotonic()
+        hang = evaluate(relu_with_body("volatile int spin = 1; while (spin) { }"))
+        assert not hang.correct and hang.reward == -1.0 and "deadline" in hang.error, hang.error
+        assert time.monotonic() - t0 < 60
+        hog = evaluate(relu_with_body("for (int64_t k = 0;; ++k) { float* q = new float[1 << 26]; "
+                                      "for (int64_t i = 0; i < (1 << 26); i += 1024) q[i] = (float)k; }"))
+        assert not hog.correct and hog.reward == -1.0 and hog.error, hog.error
+        again = evaluate(good)
+        assert again.correct and again.reward == 1.0, again.error
+    finally:
+        client.close()
+    for role, p in procs.items():
+        assert p.poll() is None, f"{role} worker died"
+        p.send_signal(signal.SIGTERM)
+    for role, p in procs.items():
+        assert p.wait(timeout=30) == 0, (role, (tmp_path / f"{role}.log").read_text()[-3000:])
+    assert bus.lag("eval-workers-cpu", [topics.evaluate_topic("cpu")])[topics.evaluate_topic("cpu")] == 0
+    bus.close()
+
+
+def test_sigterm_abandons_the_running_job(oracle_cfg, spawn):
+    from cluster.bus import Bus
+    from schemas import topics
+    from schemas.messages import EvaluateRequest, RequestHeader
+
+    env = cfg_env(oracle_cfg)
+    worker = spawn([*KERNELRL, "eval-worker", "--device", "cpu"], env=env)
+    bus = Bus(oracle_cfg, client_id="sbx-test2")
+    _wait_assigned(bus, "eval-workers-cpu", topics.evaluate_topic("cpu"))
+    prod = bus.producer()
+    req = EvaluateRequest(header=RequestHeader(), episode_id="ep-2", task_id="t", files=relu_with_body(
+        "volatile int spin = 1; while (spin) { }"), model_py=(EXAMPLE / "model.py").read_text(), mode="verify")
+    prod.send(topics.evaluate_topic("cpu"), req, key="ep-2").get(timeout=30)
+    prod.close()
+    time.sleep(8)  # compiled and running in its child by now (or still compiling: abandoned either way)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert bus.lag("eval-workers-cpu", [topics.evaluate_topic("cpu")])[topics.evaluate_topic("cpu")] == 1
+    bus.close()
+
+
+def subprocess_stdout():
+    import subprocess
+
+    return subprocess.STDOUT

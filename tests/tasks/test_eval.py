@@ -1,0 +1,55 @@
+"""`kernelrl eval --policy solutions` through the sandbox's one-shot evaluator: exact pass rate and fast_p."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster.cli import main
+from tests.tasks.eval_fixtures import EXPECTED, write
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    tasks, sols = write(root)
+    out = root / "report"
+    sets = {"broker.cache_dir": root / "cache", "sandbox.trials": 5, "sandbox.max_trials": 15,
+            "sandbox.timing_budget_s": 0.3, "sandbox.warmup": 2, "sandbox.cpu_flush_mb": 8,
+            "sandbox.eval_timeout_s": 120, "sandbox.compile_timeout_s": 120,
+            "sandbox.suspicious_speedup": 1000.0}  # no re-verification runs: the speed-ups are large by design
+    argv = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    rc = main([*argv, "eval", "--tasks", str(tasks), "--policy", "solutions", "--solutions", str(sols),
+               "--backend", "cpu", "--workers", "2", "--out", str(out), "--json"])
+    assert rc == 0
+    return json.loads((out / "eval.json").read_text()), out
+
+
+def test_exact_pass_rate_and_fast_p(report):
+    rep, _ = report
+    overall = rep["overall"]
+    for key, want in EXPECTED.items():
+        assert overall[key] == pytest.approx(want), (key, overall[key], rep["tasks"])
+    # fast_0 is the pass rate (KernelBench); fast_p over ALL tasks
+    assert overall["fast_p"]["eager"]["0"] == pytest.approx(0.5)
+    assert rep["levels"]["1"]["n"] == 4
+
+
+def test_per_task_outcomes(report):
+    rep, _ = report
+    by = {t["name"]: t for t in rep["tasks"]}
+    fast, slow, wrong, missing = (by[n] for n in ("1_ReluPlusDeadMatmul", "2_Relu", "3_ReluWide", "4_Tanh"))
+    assert fast["correct"] and fast["speedup_vs_eager"] > 1 and fast["speedup_vs_compile"] > 1
+    assert slow["correct"] and slow["speedup_vs_eager"] < 1 and slow["speedup_vs_compile"] < 1
+    assert wrong["compiled"] and not wrong["correct"]
+    assert not missing["has_solution"] and not missing["correct"]
+    # geomean over the two correct tasks only
+    import math
+    g = math.exp((math.log(fast["speedup_vs_eager"]) + math.log(slow["speedup_vs_eager"])) / 2)
+    assert rep["overall"]["geomean_speedup_vs_eager"] == pytest.approx(g)
+
+
+def test_plot_is_written(report):
+    _, out = report
+    png = (out / "eval.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -1,0 +1,50 @@
+"""The execution filter: every rule rejects a task built to break it; a good task passes all of them.
+
+All sources run in real sandboxed children (actors.tasks.filter_runner), torch.compile with inductor.
+"""
+from __future__ import annotations
+
+import pytest
+
+from actors.tasks.filter import RULES, FilterConfig
+from actors.tasks.filter_runner import filter_sources
+from tests.tasks.helpers import BROKEN, GOOD, HANG, TOO_FAST
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    names = ["good", *BROKEN]
+    sources = [GOOD, *BROKEN.values()]
+    out = filter_sources(sources, FilterConfig(backend="cpu", min_ms=0.002, max_ms=20.0), workers=1,
+                         timeout_s=120)
+    return dict(zip(names, out))
+
+
+def test_every_rule_has_a_breaking_task():
+    assert set(BROKEN) == set(RULES)
+
+
+def test_good_task_passes_every_rule(verdicts):
+    v = verdicts["good"]
+    assert v.ok, v
+    assert v.rule == "" and v.eager_ms > 0 and v.compile_ms > 0 and v.output_shape == [128, 256]
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_rule_rejects_its_breaking_task(verdicts, rule):
+    v = verdicts[rule]
+    assert not v.ok
+    assert v.rule == rule, f"{rule}: got {v.rule}: {v.reason}"
+    assert v.reason
+
+
+def test_window_rejects_too_fast_task():
+    fast = filter_sources([TOO_FAST], FilterConfig(backend="cpu", min_ms=1.0, max_ms=20.0, check_compile=False))[0]
+    assert not fast.ok and fast.rule == "runtime_window" and fast.eager_ms < 1.0
+
+
+def test_hanging_task_is_killed_and_the_batch_continues():
+    cfg = FilterConfig(backend="cpu", min_ms=0.0, max_ms=1000.0, check_compile=False)
+    out = filter_sources([TOO_FAST, HANG, TOO_FAST], cfg, timeout_s=4, start_s=90)
+    assert [v.ok for v in out] == [True, False, True]
+    assert out[1].rule == "timeout"
