@@ -16,8 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--solutions", help="--policy solutions: folder with one solution per task "
                                       "(<stem>/model_new.py + kernels/, or <stem>.py holding ModelNew)")
     p.add_argument("--backend", choices=["cpu", "cuda"], default=None, help="default: sandbox.backend")
-    p.add_argument("--task-backend", default="all",
-                   help="only tasks sized for this backend (cpu, cuda, all); folders without an index are all")
+    p.add_argument("--task-backend", default=None,
+                   help="only tasks sized for this backend: cpu, cuda or all (default: --backend; tasks of a "
+                        "folder without index.json count as sized for --backend)")
     p.add_argument("--level", type=int, default=None)
     p.add_argument("--limit", type=int, default=0, help="first N tasks only")
     p.add_argument("--only-solved", action="store_true",
@@ -40,7 +41,7 @@ def run(args, cfg) -> int:
     from cluster.errors import KernelRLError
 
     backend = args.backend or cfg.sandbox.backend
-    entries = load_tasks(args.tasks, backend=args.task_backend, level=args.level, default_backend=backend)
+    entries = load_tasks(args.tasks, backend=args.task_backend or backend, level=args.level, default_backend=backend)
     if args.policy == "solutions":
         if not args.solutions or not Path(args.solutions).is_dir():
             raise KernelRLError(f"--policy solutions needs --solutions DIR (got {args.solutions!r})")

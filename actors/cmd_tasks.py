@@ -34,6 +34,15 @@ def add_arguments(p) -> None:
     i.add_argument("--out", required=True)
     i.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
     i.add_argument("--levels", default="", help="comma-separated levels to import (default: all)")
+    v = sub.add_parser("verify", help="re-run the execution filter on a task folder (e.g. GPU-sized tasks on a GPU)")
+    v.add_argument("--dir", default=None, help="default: cluster.task_dir or the built-in set")
+    v.add_argument("--backend", choices=["cpu", "cuda"], default=None, help="default: sandbox.backend")
+    v.add_argument("--workers", type=int, default=1)
+    v.add_argument("--min-ms", type=float, default=-1.0)
+    v.add_argument("--max-ms", type=float, default=-1.0)
+    v.add_argument("--no-compile-check", action="store_true")
+    v.add_argument("--write", action="store_true",
+                   help="record the measured runtimes in index.json (runtime_verified=true for the passing tasks)")
     ls = sub.add_parser("list", help="list the tasks of a folder")
     ls.add_argument("--dir", default=None, help="default: cluster.task_dir or the built-in set")
     ls.add_argument("--backend", default="all")
@@ -46,7 +55,8 @@ def add_arguments(p) -> None:
 
 
 def run(args, cfg) -> int:
-    return {"synthesize": _synthesize, "import": _import, "list": _list, "publish": _publish}[args.action](args, cfg)
+    actions = {"synthesize": _synthesize, "import": _import, "list": _list, "publish": _publish, "verify": _verify}
+    return actions[args.action](args, cfg)
 
 
 def _task_dir(args, cfg) -> Path:
@@ -89,6 +99,32 @@ def _import(args, cfg) -> int:
     entries = import_dir(args.src, args.out, backend=args.backend, levels=levels)
     print(f"imported {len(entries)} tasks into {args.out}")
     return 0
+
+
+def _verify(args, cfg) -> int:
+    from actors.tasks.dataset import load_tasks, write_index
+    from actors.tasks.filter import FilterConfig
+    from actors.tasks.filter_runner import filter_sources
+
+    backend = args.backend or cfg.sandbox.backend
+    folder = _task_dir(args, cfg)
+    entries = load_tasks(folder, backend=backend)
+    fcfg = FilterConfig(backend=backend, min_ms=args.min_ms, max_ms=args.max_ms,
+                        check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
+    verdicts = filter_sources([e.model_py for e in entries], fcfg, workers=args.workers)
+    failed = 0
+    for e, v in zip(entries, verdicts):
+        failed += not v.ok
+        status = "ok" if v.ok else f"REJECT {v.rule}: {v.reason[:100]}"
+        print(f"{e.task_id:28s} {v.eager_ms:9.3f} ms  {e.name[:48]:48s} {status}")
+        if args.write and v.ok:
+            e.metadata.setdefault("filter", {}).update(eager_ms=round(v.eager_ms, 4), backend=backend,
+                                                      compiled=fcfg.check_compile)
+            e.metadata["runtime_verified"] = True
+    if args.write:
+        write_index(folder, [e for e, v in zip(entries, verdicts) if v.ok])
+    print(f"{len(entries) - failed}/{len(entries)} tasks pass the filter on {backend}")
+    return 0 if failed == 0 else 1
 
 
 def _list(args, cfg) -> int:

@@ -130,6 +130,8 @@ class SandboxConfig:
     compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
+    max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...
+    output_sample_elems: int = 1 << 20  # ... else compared at this many random positions (+ NaN/Inf on all)
     zygote: bool = True  # fork evaluation children from a pre-imported clean process (saves the torch import)
 
 
@@ -170,6 +172,7 @@ class LearnerConfig:
     """DeepSpeed PPO learner."""
 
     model_path: str = ""  # initial policy (HF folder); default: actor.model_path
+    critic_model_path: str = ""  # critic backbone (HF folder, e.g. a smaller model); default: model_path
     stage: str = "ppo"  # warmup | rft | critic | ppo
     zero_stage: int = 1
     dtype: str = "fp32"  # fp32 | bf16

@@ -3,8 +3,8 @@
 Neutral ground for both sides: the learner publishes with ``publish_kafka`` /
 ``publish_fs`` and then ``announce``s; an actor calls ``receive`` on a
 ``WeightAnnouncement`` and gets a local folder whose every byte was checked
-(per-chunk sha256, per-file sha256, and one sha256 over all files in name
-order), or an error. A version is announced only after all its bytes are
+(per-chunk sha256, per-file sha256, and the version digest: a sha256 over the
+"<name> <file sha256>" lines in name order), or an error. A version is announced only after all its bytes are
 durable, and a receiver writes into a temporary folder renamed at the end, so a
 half-sent or corrupt version is never applied. ``VersionGate`` keeps versions
 monotonic on the receiving side.
@@ -12,7 +12,8 @@ monotonic on the receiving side.
 Kafka layout: every chunk of one version goes to one partition of
 topics.WEIGHTS_CHUNKS (key = "<model>:<version>"), in file-name then byte
 order; the announcement's ``uri`` is ``kafka://<topic>/<partition>@<first offset>``
-so a receiver seeks straight to it.
+so a receiver seeks straight to it and writes the chunks as they arrive
+(memory stays at one chunk, whatever the model size).
 """
 from __future__ import annotations
 
@@ -60,19 +61,18 @@ def _sha_file(path: Path, bufsize: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
+def manifest_digest(files: dict[str, str]) -> str:
+    """The version's digest: sha256 over "<name> <sha256>" lines in name order (covers every byte)."""
+    return hashlib.sha256("".join(f"{n} {h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
+
+
 def folder_digest(folder: str | os.PathLike) -> tuple[dict[str, str], str, int]:
-    """(file name -> sha256, sha256 over all files in name order, total bytes)."""
-    folder = Path(folder)
-    whole, per_file, total = hashlib.sha256(), {}, 0
-    for p in _files(folder):
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while block := f.read(8 << 20):
-                h.update(block)
-                whole.update(block)
-                total += len(block)
-        per_file[p.name] = h.hexdigest()
-    return per_file, whole.hexdigest(), total
+    """(file name -> sha256, manifest digest, total bytes)."""
+    per_file, total = {}, 0
+    for p in _files(Path(folder)):
+        per_file[p.name] = _sha_file(p)
+        total += p.stat().st_size
+    return per_file, manifest_digest(per_file), total
 
 
 # ---- publishing ---------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
     files = _files(folder)
     count = sum(max(1, -(-p.stat().st_size // chunk_bytes)) for p in files)
     key = f"{model_name}:{version}"
-    whole, per_file, total, index, futures = hashlib.sha256(), {}, 0, 0, []
+    per_file, total, index, futures = {}, 0, 0, []
     for p in files:
         fh = hashlib.sha256()
         with open(p, "rb") as f:
@@ -93,7 +93,6 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
                 if not data and offset > 0:
                     break
                 fh.update(data)
-                whole.update(data)
                 futures.append(producer.send(topics.WEIGHTS_CHUNKS, WeightChunk(
                     model_name=model_name, version=version, index=index, count=count, file_name=p.name,
                     offset=offset, data=data, sha256=hashlib.sha256(data).hexdigest()), key=key))
@@ -110,37 +109,57 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
     first = metas[0]
     uri = f"kafka://{topics.WEIGHTS_CHUNKS}/{first.partition}@{first.offset}"
     return WeightAnnouncement(model_name=model_name, version=version, transport="kafka", uri=uri,
-                              num_chunks=count, total_bytes=total, sha256=whole.hexdigest(), files=per_file,
-                              step=step)
+                              num_chunks=count, total_bytes=total, sha256=manifest_digest(per_file),
+                              files=per_file, step=step)
 
 
 def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: str | os.PathLike,
                step: int = 0) -> WeightAnnouncement:
     """Copy ``folder`` into <root>/<model>/v<version> atomically (tmp + rename), with a manifest."""
     dest = version_dir(root, model_name, version)
-    per_file, whole, total = folder_digest(folder)
-    ann = WeightAnnouncement(model_name=model_name, version=version, transport="fs", uri=str(dest.resolve()),
-                             num_chunks=len(per_file), total_bytes=total, sha256=whole, files=per_file, step=step)
-    if dest.exists():
-        have = json.loads((dest / MANIFEST).read_text())
-        if have.get("sha256") != whole:
-            raise WeightsCorrupt(f"{dest} already holds different bytes for version {version}: versions must "
-                                 "not be reused")
-        return ann
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:08d}.", dir=dest.parent))
     try:
+        per_file, total = {}, 0
         for p in _files(Path(folder)):
-            shutil.copyfile(p, tmp / p.name)
-            _fsync(tmp / p.name)
-        (tmp / MANIFEST).write_text(json.dumps({"model_name": model_name, "version": version, "files": per_file,
-                                                "sha256": whole, "total_bytes": total}))
-        _fsync(tmp / MANIFEST)
+            per_file[p.name], n = _copy_hashing(p, tmp / p.name)
+            total += n
+        whole = manifest_digest(per_file)
+        ann = WeightAnnouncement(model_name=model_name, version=version, transport="fs",
+                                 uri=str(dest.resolve()), num_chunks=len(per_file), total_bytes=total,
+                                 sha256=whole, files=per_file, step=step)
+        if dest.exists():
+            have = json.loads((dest / MANIFEST).read_text())
+            if have.get("sha256") != whole:
+                raise WeightsCorrupt(f"{dest} already holds different bytes for version {version}: versions "
+                                     "must not be reused")
+            return ann
+        _write_manifest(tmp, ann)
         os.rename(tmp, dest)
         _fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ann
+
+
+def _copy_hashing(src: Path, dst: Path, bufsize: int = 8 << 20) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while block := fi.read(bufsize):
+            h.update(block)
+            fo.write(block)
+            n += len(block)
+        fo.flush()
+        os.fsync(fo.fileno())
+    return h.hexdigest(), n
+
+
+def _write_manifest(folder: Path, ann: WeightAnnouncement) -> None:
+    with open(folder / MANIFEST, "w") as f:
+        json.dump({"model_name": ann.model_name, "version": ann.version, "files": ann.files,
+                   "sha256": ann.sha256, "total_bytes": ann.total_bytes}, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def publish_nccl(*_args, **_kw):
@@ -199,24 +218,15 @@ def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float) ->
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     topic, part, start = m["topic"], int(m["partition"]), int(m["offset"])
-    cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False,
-                        enable_auto_commit=False)
+    cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{ann.version:08d}.", dir=dest.parent))
     try:
         cons.kafka.seek(TopicPartition(bus.topic(topic), part), start)
-        chunks = _collect(cons, ann, timeout_s)
-        whole = hashlib.sha256()
-        for c in chunks:
-            whole.update(c.data)
-            with open(tmp / c.file_name, "r+b" if (tmp / c.file_name).exists() else "wb") as f:
-                f.seek(c.offset)
-                f.write(c.data)
-        if whole.hexdigest() != ann.sha256:
-            raise WeightsCorrupt(f"weights v{ann.version}: sha256 over chunks does not match the announcement")
-        verify_folder(tmp, ann)
-        (tmp / MANIFEST).write_text(json.dumps({"model_name": ann.model_name, "version": ann.version,
-                                                "files": ann.files, "sha256": ann.sha256,
-                                                "total_bytes": ann.total_bytes}))
+        per_file = _stream_chunks(cons, ann, tmp, timeout_s)
+        if per_file != ann.files or manifest_digest(per_file) != ann.sha256:
+            bad = sorted(n for n in set(per_file) | set(ann.files) if per_file.get(n) != ann.files.get(n))
+            raise WeightsCorrupt(f"weights v{ann.version}: files do not match the announcement ({bad or 'digest'})")
+        _write_manifest(tmp, ann)
         os.rename(tmp, dest)
     finally:
         cons.close()
@@ -224,23 +234,43 @@ def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float) ->
     return dest
 
 
-def _collect(cons, ann: WeightAnnouncement, timeout_s: float) -> list[WeightChunk]:
-    got: dict[int, WeightChunk] = {}
+def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict[str, str]:
+    """Write chunks 0..n-1 as they arrive (one partition: in order), hashing each file on the way."""
+    hashes: dict[str, hashlib._Hash] = {}
+    handle, handle_name, nxt = None, "", 0
     deadline = time.monotonic() + timeout_s
-    while len(got) < ann.num_chunks:
-        if time.monotonic() > deadline:
-            raise WeightsTimeout(f"weights v{ann.version}: {len(got)}/{ann.num_chunks} chunks after {timeout_s}s")
-        for rec in cons.poll(timeout_s=0.5):
-            c = rec.msg
-            if c.model_name != ann.model_name or c.version != ann.version:
-                continue  # another version's chunks interleaved on the same partition
-            if c.count != ann.num_chunks or not 0 <= c.index < c.count:
-                raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index}/{c.count}, announced "
-                                     f"{ann.num_chunks}")
-            if hashlib.sha256(c.data).hexdigest() != c.sha256:
-                raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its sha256")
-            got.setdefault(c.index, c)
-    return [got[i] for i in range(ann.num_chunks)]
+    try:
+        while nxt < ann.num_chunks:
+            if time.monotonic() > deadline:
+                raise WeightsTimeout(f"weights v{ann.version}: {nxt}/{ann.num_chunks} chunks after {timeout_s}s")
+            for rec in cons.poll(timeout_s=0.5):
+                c = rec.msg
+                if c.model_name != ann.model_name or c.version != ann.version or c.index < nxt:
+                    continue  # another version's chunks on the same partition, or a redelivered one
+                if c.index != nxt or c.count != ann.num_chunks:
+                    raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index}/{c.count} where {nxt}/"
+                                         f"{ann.num_chunks} was due")
+                if hashlib.sha256(c.data).hexdigest() != c.sha256:
+                    raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its sha256")
+                if c.file_name != handle_name:
+                    if handle is not None:
+                        handle.close()
+                    if c.file_name in hashes or "/" in c.file_name or c.file_name.startswith("."):
+                        raise WeightsCorrupt(f"weights v{ann.version}: unexpected file {c.file_name!r}")
+                    handle, handle_name = open(tmp / c.file_name, "wb"), c.file_name
+                    hashes[c.file_name] = hashlib.sha256()
+                if c.offset != handle.tell():
+                    raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} at offset {c.offset}, "
+                                         f"expected {handle.tell()}")
+                handle.write(c.data)
+                hashes[c.file_name].update(c.data)
+                nxt += 1
+                if nxt == ann.num_chunks:
+                    break
+    finally:
+        if handle is not None:
+            handle.close()
+    return {n: h.hexdigest() for n, h in hashes.items()}
 
 
 class VersionGate:

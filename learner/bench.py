@@ -187,8 +187,6 @@ def _kafka_ready(cfg) -> tuple[bool, bool]:
 
 
 def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
-    from cluster import broker
-    from cluster.bus import Bus
     from learner.publish import Publisher
 
     transport, started, bus, prod = o.transport, False, None, None
@@ -200,6 +198,7 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
     try:
         if transport == "kafka":
             from cluster import topics_admin
+            from cluster.bus import Bus
 
             cfg.bus.topic_prefix = f"{cfg.bus.topic_prefix}bench-learner-{int(time.time())}."
             topics_admin.create_all(cfg)
@@ -220,6 +219,8 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
             topics_admin.delete_prefix(cfg)
             bus.close()
         if started:
+            from cluster import broker
+
             broker.stop(cfg)
     best = min(times)
     return {"publish_transport": transport, "publish_bytes": nbytes, "publish_s": best,
@@ -258,22 +259,27 @@ def run_bench(args, cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m learner.bench [--set section.field=value ...] [word=value ...]`: the bench without the CLI."""
+    """`python -m learner.bench [--set section.field=value ...] [--out file.json] [word=value ...]`."""
     import json
     import sys
 
     from cluster.config import load
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    sets, rest = [], []
+    sets, rest, out = [], [], ""
     while argv:
         tok = argv.pop(0)
         if tok == "--set" and argv:
             sets.append(argv.pop(0))
+        elif tok == "--out" and argv:
+            out = argv.pop(0)
         else:
             rest.append(tok)
     logging.basicConfig(level=logging.WARNING)
-    print(json.dumps(run_bench(argparse.Namespace(rest=rest), load(None, sets))))
+    text = json.dumps(run_bench(argparse.Namespace(rest=rest), load(None, sets)))
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
     return 0
 
 

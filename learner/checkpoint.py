@@ -42,7 +42,7 @@ def save(trainer, ckpt_dir: str | os.PathLike, step: int, state: dict, keep: int
     eng.barrier()
     rank, _ = eng.rank_world()
     if rank == 0:
-        body = json.dumps({"tag": tag, **state})
+        body = json.dumps({"tag": tag, "world": eng.rank_world()[1], **state})
         tmp = ckpt_dir / f".{STATE}.tmp"
         with open(tmp, "w") as f:
             f.write(body)
@@ -67,9 +67,15 @@ def load(trainer, ckpt_dir: str | os.PathLike) -> dict | None:
     if state is None:
         return None
     tag = state["tag"]
+    _, world = eng.rank_world()
+    same_world = int(state.get("world", world)) == world
+    if not same_world:
+        # ZeRO's optimizer partitions are per rank: with another world size only the weights carry over.
+        log.warning("checkpoint %s was written by %s ranks, this run has %d: loading weights only, the optimizer "
+                    "state starts afresh", tag, state.get("world"), world)
     for name, engine in (("policy", trainer.policy), ("critic", trainer.critic)):
-        path, _ = engine.load_checkpoint(str(Path(ckpt_dir) / name), tag=tag, load_optimizer_states=True,
-                                         load_lr_scheduler_states=True)
+        path, _ = engine.load_checkpoint(str(Path(ckpt_dir) / name), tag=tag, load_optimizer_states=same_world,
+                                         load_lr_scheduler_states=same_world, load_module_only=not same_world)
         if path is None:
             raise RuntimeError(f"checkpoint {ckpt_dir}/{name}/{tag} named by {STATE} could not be loaded")
     log.info("resumed from %s/%s (step %s, policy version %s)", ckpt_dir, tag, state.get("step"),

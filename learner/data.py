@@ -58,7 +58,7 @@ def from_trajectory(traj, partition: int = -1, offset: int = -1) -> Sample:
         "mode": traj.mode,
     }
     return Sample(episode_id=traj.episode_id, token_ids=np.asarray(traj.token_ids, dtype=np.int64),
-                  logprobs=np.asarray(traj.logprobs, dtype=np.float32), loss_mask=mask,
+                  logprobs=np.array(traj.logprobs, dtype=np.float32), loss_mask=mask,
                   reward=float(traj.reward), min_version=int(gen_versions.min()), partition=partition,
                   offset=offset, flags=flags)
 
@@ -72,6 +72,8 @@ def stage_rejects(sample: Sample, stage: str) -> str:
             return "rft_filtered"
     if stage in ("ppo", "warmup") and not sample.flags.get("has_logprobs", True):
         return "no_logprobs"
+    if stage == "warmup" and sample.flags.get("mode") != "single_turn":
+        return "warmup_multi_turn"  # the warm-up stage is single-turn PPO
     return ""
 
 

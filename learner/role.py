@@ -55,12 +55,10 @@ class LearnerRole:
     def _open_consumer(self):
         from kafka import TopicPartition
 
-        probe = self.bus.producer()
-        parts = sorted(probe.partitions(topics.TRAJECTORIES) or [])
-        probe.close()
+        full = self.bus.topic(topics.TRAJECTORIES)
+        parts = _topic_partitions(self.bus, topics.TRAJECTORIES)
         cons = self.bus.consumer([topics.TRAJECTORIES], GROUP, assign=[(topics.TRAJECTORIES, p) for p in parts],
                                  expected=Trajectory)
-        full = self.bus.topic(topics.TRAJECTORIES)
         for p in parts:
             tp = TopicPartition(full, p)
             if p in self.ingest.positions:
@@ -166,7 +164,7 @@ class LearnerRole:
 
     def _logged(self, step: int) -> bool:
         """Whether the learner log already holds this step (only each partition's last record is read)."""
-        parts = sorted(self.producer.partitions(topics.LEARNER_LOG) or [])
+        parts = _topic_partitions(self.bus, topics.LEARNER_LOG)
         probe = self.bus.consumer([topics.LEARNER_LOG], None, assign=[(topics.LEARNER_LOG, p) for p in parts],
                                   expected=TrainStep, dlq=False)
         try:
@@ -200,6 +198,21 @@ class LearnerRole:
         for c in (self.consumer, self.producer):
             if c is not None:
                 c.close()
+
+
+def _topic_partitions(bus, topic: str) -> list[int]:
+    """Partitions of a topic from the cluster's metadata; a clear error when the topic is missing."""
+    from cluster.errors import RetriableError
+
+    probe = bus.consumer([], None, assign=[], dlq=False)
+    try:
+        parts = probe.kafka.partitions_for_topic(bus.topic(topic))
+    finally:
+        probe.close()
+    if not parts:
+        raise RetriableError(f"topic {bus.topic(topic)!r} does not exist: create kernelrl's topics first "
+                             "(`kernelrl topics create`, or `kernelrl up` does it)")
+    return sorted(parts)
 
 
 def default_ckpt_dir(cfg) -> str:

@@ -33,7 +33,7 @@ class Trainer:
         self.device = eng.device()
         dtype = torch.bfloat16 if lc.dtype == "bf16" else torch.float32
         self.policy = eng.make_engine(load_policy(model_path, dtype), cfg, lc.actor_lr)
-        self.critic = eng.make_engine(load_critic(model_path, dtype), cfg, lc.critic_lr)
+        self.critic = eng.make_engine(load_critic(lc.critic_model_path or model_path, dtype), cfg, lc.critic_lr)
         self.pad_id = int(getattr(self.policy.module.config, "pad_token_id", None) or 0)
         self.params = PPOParams(clip_low=lc.clip_low, clip_high=lc.clip_high, mode=lc.off_policy,
                                 is_cap=lc.is_cap, mask_low=lc.is_mask_low, mask_high=lc.is_mask_high,

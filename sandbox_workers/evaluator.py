@@ -25,7 +25,7 @@ from sandbox_workers.isolation import Limits, run_sandboxed, sandbox_env
 from sandbox_workers.reward import milestone_reward, speedup
 
 log = logging.getLogger(__name__)
-RUNNER_VERSION = "1"
+RUNNER_VERSION = "2"
 
 
 class Evaluator:
@@ -66,7 +66,7 @@ class Evaluator:
             data_path, ref = self.reference(task_source, timing=timing)
         except ReferenceFailure as exc:
             return _done(res, t0, error=f"reference run failed (task problem, not the solution): {exc}")
-        cand = self._run_candidate(files, lib, data_path, timing)
+        cand = self._run_candidate(task_source, files, lib, data_path, timing)
         self._assemble(res, ref, cand, timing)
         if res["correct"] and max(res["speedup_vs_eager"], res["speedup_vs_compile"]) > self.sb.suspicious_speedup:
             self._reverify(res, task_source, files, lib)
@@ -119,7 +119,8 @@ class Evaluator:
             spec = {"mode": "reference", "task_source": task_source, "seed": self.sb.seed, "trial_seeds": seeds,
                     "data_path": str(d / "data.pt"), "backend": self.backend, "runtime": self._runtime_kwargs(),
                     "timing": self._timing_spec() if timing else None,
-                    "compile_baseline": self.sb.compile_baseline}
+                    "compile_baseline": self.sb.compile_baseline, "max_full_elems": self.sb.max_full_output_elems,
+                    "sample_elems": self.sb.output_sample_elems}
             out = self._child(spec, wall_s=self.sb.reference_timeout_s)
             if not out.get("ok"):
                 raise ReferenceFailure(out.get("error", "unknown error"))
@@ -128,10 +129,11 @@ class Evaluator:
             return d / "data.pt", out
 
     # ------------------------------------------------------------------ candidate
-    def _run_candidate(self, files, lib: Path, data_path: Path, timing: bool) -> dict:
+    def _run_candidate(self, task_source: str, files, lib: Path, data_path: Path, timing: bool) -> dict:
         deny = [str(PROJECT_ROOT / "sandbox_workers"), str(PROJECT_ROOT / "cluster"), str(self.ref_root),
                 str(PROJECT_ROOT / "tests"), "/proc"]
         spec = {"mode": "candidate", "model_new_source": files[workspace.MODEL_NEW], "library": str(lib),
+                "task_source": task_source,
                 "data_path": str(data_path), "backend": self.backend, "runtime": self._runtime_kwargs(),
                 "timing": self._timing_spec() if timing else None, "atol": self.sb.atol, "rtol": self.sb.rtol,
                 "deny_paths": deny}
@@ -230,7 +232,7 @@ class Evaluator:
         except ReferenceFailure as exc:
             res["evidence"]["reverify"] = {"error": str(exc)}
             return
-        cand = self._run_candidate(files, lib, data_path, timing=False)
+        cand = self._run_candidate(task_source, files, lib, data_path, timing=False)
         viol = sorted({v["name"] for v in cand.get("violations", [])})
         res["evidence"]["reverify"] = {"seeds": seeds, "correct": bool(cand.get("correct")), "violations": viol}
         if not cand.get("correct") or viol:

@@ -45,9 +45,52 @@ def versions(runtime) -> dict:
             "cuda": torch.version.cuda or ""}
 
 
-def timing_pool(trials: list[dict], device: str, n: int = 2) -> list[list]:
+def task_inputs_fn(source: str):
+    """(get_inputs, get_init_inputs) of a task, with its nn.Module classes removed from the namespace.
+
+    The candidate child regenerates inputs from seeds instead of loading them (big tasks
+    have multi-GB inputs), without ever holding the reference Model.
+    """
+    ns: dict = {"__name__": "krl_task_inputs"}
+    exec(compile(source, "<task>", "exec"), ns)  # noqa: S102 - the task file is trusted input
+    for name in [k for k, v in ns.items() if isinstance(v, type) and issubclass(v, torch.nn.Module)]:
+        del ns[name]
+    return ns["get_inputs"], ns["get_init_inputs"]
+
+
+def make_inputs(get_inputs, seed: int, device: str) -> list:
+    seed_all(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in get_inputs()]
+
+
+def input_digest(inputs) -> list:
+    """Shape, dtype and float64 sum of each tensor input (scalars as-is): checks reproducibility."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            out.append([list(x.shape), str(x.dtype), float(x.double().sum()) if x.numel() else 0.0])
+        else:
+            out.append(repr(x))
+    return out
+
+
+def record_output(o: torch.Tensor, max_full: int, samples: int, gen: torch.Generator) -> dict:
+    """The expected value of one output: in full when small, else at `samples` random positions."""
+    o = o.detach()
+    rec = {"shape": list(o.shape), "dtype": str(o.dtype),
+           "nonfinite": int((~torch.isfinite(o)).sum()) if o.is_floating_point() else 0}
+    if o.numel() <= max_full:
+        rec["full"] = o.cpu()
+    else:
+        idx = torch.randint(0, o.numel(), (samples,), generator=gen)
+        rec["idx"] = idx
+        rec["vals"] = o.reshape(-1)[idx.to(o.device)].cpu()
+    return rec
+
+
+def timing_pool(get_inputs, seeds: list[int], device: str) -> list[list]:
     """Input sets the timing rotates through (copied in place into one set of buffers)."""
-    return [to_device(t["inputs"], device) for t in trials[:n]]
+    return [make_inputs(get_inputs, s, device) for s in seeds[:2]]
 
 
 def make_prepare(live: list, pool: list[list]):

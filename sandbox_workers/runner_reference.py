@@ -7,8 +7,8 @@ import time
 import torch
 
 from sandbox_workers.backends import get_runtime
-from sandbox_workers.runner_common import (flatten_outputs, load_task, make_prepare, seed_all, timing_pool,
-                                           to_device, versions)
+from sandbox_workers.runner_common import (flatten_outputs, input_digest, load_task, make_inputs, make_prepare,
+                                           record_output, seed_all, timing_pool, versions)
 
 
 def run_reference(spec: dict) -> dict:
@@ -22,27 +22,29 @@ def run_reference(spec: dict) -> dict:
     seed_all(seed)
     model = task.Model(*init_inputs).to(device).eval()
     trials = []
+    gen = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(6), "little"))
+    max_full, samples = int(spec.get("max_full_elems", 1 << 22)), int(spec.get("sample_elems", 1 << 20))
     with torch.no_grad():
         for s in spec["trial_seeds"]:
-            seed_all(int(s))
-            inputs = list(task.get_inputs())
-            outs = flatten_outputs(model(*to_device(inputs, device)))
-            trials.append({"seed": int(s), "inputs": [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs],
-                           "outputs": [o.detach().cpu() for o in outs]})
+            inputs = make_inputs(task.get_inputs, int(s), device)
+            outs = flatten_outputs(model(*inputs))
+            trials.append({"seed": int(s), "input_digest": input_digest(inputs),
+                           "outputs": [record_output(o, max_full, samples, gen) for o in outs]})
+            del inputs, outs
     sig = [p for p in inspect.signature(task.Model.__init__).parameters if p != "self"]
     data = {"init_inputs": init_inputs, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "trials": trials, "ctor_params": sig}
     torch.save(data, spec["data_path"])
     result = {"ok": True, "versions": versions(runtime), "clock": runtime.clock_info(),
-              "outputs": [[list(o.shape), str(o.dtype)] for o in trials[0]["outputs"]], "baselines": {}}
+              "outputs": [[o["shape"], o["dtype"]] for o in trials[0]["outputs"]], "baselines": {}}
     if spec.get("timing"):
-        result["baselines"] = _baselines(model, trials, runtime, spec)
+        result["baselines"] = _baselines(model, task.get_inputs, spec["trial_seeds"], runtime, spec)
     return result
 
 
-def _baselines(model, trials, runtime, spec) -> dict:
+def _baselines(model, get_inputs, seeds, runtime, spec) -> dict:
     tcfg = spec["timing"]
-    pool = timing_pool(trials, runtime.device)
+    pool = timing_pool(get_inputs, seeds, runtime.device)
     live = [x.clone() if isinstance(x, torch.Tensor) else x for x in pool[0]]
     out = {}
     variants = [("eager", model)]

@@ -19,6 +19,7 @@ HEADER_EXTS = (".h", ".hpp", ".cuh")
 MAX_FILE_BYTES = 256 * 1024
 MAX_TOTAL_BYTES = 2 * 1024 * 1024
 MAX_KERNEL_FILES = 32
+FIXED_HEADERS = {"krl_abi.h"}
 
 
 class WorkspaceError(KernelRLError):
@@ -51,6 +52,9 @@ def validate(files: dict[str, str], backend: str) -> dict[str, str]:
         elif path.startswith(KERNEL_DIR + "/") and path.endswith(SOURCE_EXTS[backend] + HEADER_EXTS):
             if path.count("/") != 1:
                 raise WorkspaceError(f"file {path}: kernel sources live directly in kernels/ (no subfolders)")
+            if posixpath.basename(path) in FIXED_HEADERS:
+                raise WorkspaceError(f"file {path}: {posixpath.basename(path)} is fixed infrastructure; "
+                                     "do not shadow it")
             out[path] = text
     if total > MAX_TOTAL_BYTES:
         raise WorkspaceError(f"workspace: {total} bytes exceeds the {MAX_TOTAL_BYTES}-byte limit")

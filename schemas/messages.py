@@ -180,7 +180,7 @@ class WeightAnnouncement:
     uri: str = ""  # fs: folder; kafka: topic name of the chunks
     num_chunks: int = 0
     total_bytes: int = 0
-    sha256: str = ""  # over the concatenated chunk payloads
+    sha256: str = ""  # version digest: sha256 of "<name> <file sha256>\n" lines in name order
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 of its bytes
     step: int = 0
     created_ms: int = field(default_factory=now_ms)

@@ -23,11 +23,16 @@ log = logging.getLogger(__name__)
 def find_solution(sol_dir: Path, entry: TaskEntry) -> dict[str, str] | None:
     """The solution files for a task: a folder (model_new.py + kernels/) or a single ModelNew .py file.
 
-    Looked up by task id, by the task file's stem (with or without its level folder).
+    Looked up by task id, by the task file's stem (with or without its level folder), and
+    case-insensitively as ``<backend>_<stem>`` (the layout of skills/examples, e.g. cpu_19_relu).
     """
     stem = Path(entry.file).stem
     rel_parent = Path(entry.file).parent
     names = [entry.task_id, stem, str(rel_parent / stem), f"level{entry.level}/{stem}"]
+    wanted = {f"{entry.backend}_{stem}".lower(), stem.lower()}
+    if sol_dir.is_dir():
+        names += sorted(p.name.removesuffix(".py") for p in sol_dir.iterdir()
+                        if p.name.lower().removesuffix(".py") in wanted)
     for name in names:
         d = sol_dir / name
         if (d / "model_new.py").is_file():

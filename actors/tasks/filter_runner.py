@@ -71,7 +71,7 @@ class _Child:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      pass_fds=(wfd,), cwd=workdir, env=env, preexec_fn=_limits(mem))
         os.close(wfd)
-        self.rfd, self.buf = rfd, b""
+        self.rfd, self.buf, self.eof = rfd, b"", False
         self.proc.stdin.write((json.dumps({"config": asdict(cfg)}) + "\n").encode())
         self.proc.stdin.flush()
 
@@ -85,7 +85,8 @@ class _Child:
             if left <= 0 or not select.select([self.rfd], [], [], left)[0]:
                 return None
             chunk = os.read(self.rfd, 1 << 16)
-            if not chunk:
+            if not chunk:  # the child closed its end: it exited or died
+                self.eof = True
                 return None
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
@@ -125,10 +126,10 @@ def _run_batch(sources: list[str], cfg: FilterConfig, timeout_s: float, memory_m
             child.send(src)
             reply = child.read(time.monotonic() + budget)
             if reply is None:
-                dead = child.proc.poll() is not None
+                dead = child.eof or child.proc.poll() is not None
                 err = child.close(kill=True)
                 child = None
-                rule = "load" if dead else "timeout"
+                rule = "crash" if dead else "timeout"
                 why = f"the child died: {err.strip()[-300:]}" if dead else f"no verdict within {budget:.0f} s"
                 out.append(Verdict(ok=False, rule=rule, reason=why, duration_s=budget))
                 continue

@@ -118,7 +118,8 @@ def plot(rep: dict, path: str, title: str = "kernelrl eval") -> str:
     for i, (key, label) in enumerate((("pass_rate", "pass rate"), ("fast_1_vs_eager", "fast_1 vs eager"),
                                       ("fast_1_vs_compile", "fast_1 vs torch.compile"))):
         xs = [j + (i - 1) * width for j in range(len(names))]
-        ax1.bar(xs, [s[key] for s in stats], width, label=label)
+        bars = ax1.bar(xs, [s[key] for s in stats], width, label=label)
+        ax1.bar_label(bars, labels=[f"{s[key]:.0%}" for s in stats], fontsize=7, padding=1)
     ax1.set_xticks(range(len(names)), [f"L{n}" if n != "all" else "all" for n in names])
     ax1.set_ylim(0, 1.05)
     ax1.set_ylabel("share of tasks")

@@ -75,6 +75,10 @@ class Builder:
     def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
         raise NotImplementedError
 
+    def auto_libs(self, files: dict[str, str]) -> list[str]:
+        """Link flags implied by the sources' includes (cuBLAS/cuDNN on CUDA); none on CPU."""
+        return []
+
     def build(self, files: dict[str, str], sources: list[str], work: Path, cfg,
               extra_flags: list[str] = ()) -> BuildOutput:
         """Write sources + infra into `work`, run ninja sandboxed, return the library or the log."""
@@ -86,7 +90,9 @@ class Builder:
         for p in INFRA_DIR.iterdir():
             if p.suffix in (".h", ".cpp"):
                 shutil.copy(p, work / "infra" / p.name)
-        (work / "build.ninja").write_text(self.ninja_file(sources, check_flags(list(extra_flags)), cfg))
+        flags = check_flags(list(extra_flags))
+        flags += [f for f in self.auto_libs(files) if f not in flags]
+        (work / "build.ninja").write_text(self.ninja_file(sources, flags, cfg))
         sb = cfg.sandbox
         limits = Limits(wall_s=sb.compile_timeout_s, cpu_s=sb.cpu_time_limit_s,
                         memory_mb=sb.memory_limit_mb if self.name == "cpu" else 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import shutil
 import site
@@ -44,8 +45,26 @@ def _lib_dir(home: Path) -> Path:
     return home / "lib"
 
 
+def _lib_flag(libdir: Path, flag: str) -> str:
+    """-lNAME, or -l:libNAME.so.<major> when only the versioned library exists (PyPI wheels)."""
+    name = flag[2:]
+    if (libdir / f"lib{name}.so").exists():
+        return flag
+    versioned = sorted(libdir.glob(f"lib{name}.so.*"), key=lambda p: len(p.name))
+    return f"-l:{versioned[0].name}" if versioned else flag
+
+
 class CudaBuilder(Builder):
     name = "cuda"
+
+    def auto_libs(self, files: dict[str, str]) -> list[str]:
+        text = "\n".join(files.values())
+        libs = []
+        if re.search(r"#\s*include\s*[<\"]cublas(_v2|Lt)?\.h", text):
+            libs += ["-lcublas", "-lcublasLt"]
+        if re.search(r"#\s*include\s*[<\"]cudnn\.h", text):
+            libs.append("-lcudnn")
+        return libs
 
     def toolchain_id(self) -> str:
         home = cuda_home()
@@ -70,7 +89,7 @@ class CudaBuilder(Builder):
                    *gencode, *nv_user]
         cflags = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Iinfra", "-Ikernels", inc, *user]
         libdir = _lib_dir(home)
-        ldflags = ["-shared", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lcudart", *libs]
+        ldflags = ["-shared", f"-L{libdir}", f"-Wl,-rpath,{libdir}", *(_lib_flag(libdir, f) for f in ["-lcudart", *libs])]
         lines = [
             "ninja_required_version = 1.3",
             f"nvcc = {shlex.quote(str(home / 'bin' / 'nvcc'))}",

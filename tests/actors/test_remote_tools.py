@@ -80,10 +80,22 @@ def test_tool_timeout_becomes_an_observation(aloop, tokenizer, wcfg, rclient, tm
     assert traj.reward == -1.0 and "no evaluation" in traj.evidence["error"]
 
 
+def _wait_serving(aloop, rclient, timeout_s=60.0):
+    """A compile request with no files gets an immediate error reply once a worker serves the topic."""
+    from schemas import topics
+    from schemas.messages import CompileRequest, CompileResult, RequestHeader
+
+    probe = CompileRequest(header=RequestHeader(), episode_id="probe", files={}, backend="cpu")
+    reply = aloop.run(rclient.request(topics.TOOL_COMPILE, probe, timeout_s=timeout_s, retries=0))
+    assert isinstance(reply, CompileResult) and not reply.ok
+
+
 def _compile_episode(tokenizer, rclient, tmp_path, nonce):
     files = relu_solution()
     files["kernels/relu.cpp"] += f"\n// nonce {nonce}\n"  # a fresh build, not a cache hit
-    script = write_calls(files) + [format_call("compile", {}), format_call("finish", {})]
+    # model_new.py is removed before finishing: no final evaluation (no evaluation worker here)
+    script = write_calls(files) + [format_call("compile", {}), format_call("bash", {"command": "rm model_new.py"}),
+                                   format_call("finish", {})]
     return make_episode(ScriptedPolicy(tokenizer, script), relu_task(), tmp_path / f"ws-{nonce}",
                         EpisodeLimits(), client=rclient, tool_timeout_s=60.0, episode_id=f"ep-{nonce}")
 
@@ -97,6 +109,7 @@ def _run_async(aloop, coro):
 
 def test_worker_killed_mid_call_request_is_redelivered(aloop, tokenizer, wcfg, rclient, spawn, tmp_path):
     a = start_worker(spawn, wcfg, "compile", tmp_path, "a")
+    _wait_serving(aloop, rclient)
     ep = _compile_episode(tokenizer, rclient, tmp_path, "kill")
     th, box = _run_async(aloop, ep.run())
     wait_busy(a)  # worker A is compiling our request
@@ -112,6 +125,7 @@ def test_worker_killed_mid_call_request_is_redelivered(aloop, tokenizer, wcfg, r
 
 def test_hung_worker_reply_is_deduplicated(aloop, tokenizer, wcfg, rclient, spawn, tmp_path):
     a = start_worker(spawn, wcfg, "compile", tmp_path, "a")
+    _wait_serving(aloop, rclient)
     ep = _compile_episode(tokenizer, rclient, tmp_path, "hang")
     before = dict(rclient.stats)
     th, box = _run_async(aloop, ep.run())

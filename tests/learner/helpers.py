@@ -7,8 +7,8 @@ from schemas.messages import Trajectory, TurnInfo
 
 
 def make_traj(eid: str, n: int = 48, prompt: int = 12, version: int = 0, reward: float = 1.0, seed: int = 0,
-              malformed: bool = False, repeated: bool = False, vocab: int = 1000, obs: tuple[int, int] | None = None
-              ) -> Trajectory:
+              malformed: bool = False, repeated: bool = False, vocab: int = 1000, obs: tuple[int, int] | None = None,
+              mode: str = "multi_turn") -> Trajectory:
     """A trajectory with `prompt` prompt tokens, generated tokens after, optionally an observation span."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(10, vocab, n).astype(np.int32)
@@ -20,4 +20,5 @@ def make_traj(eid: str, n: int = 48, prompt: int = 12, version: int = 0, reward:
     ver = np.where(mask > 0, version, -1).astype(np.int32)
     turns = [TurnInfo(start=0, gen_start=prompt, gen_end=n, malformed_tool_call=malformed, repeated_action=repeated)]
     return Trajectory(episode_id=eid, task_id=f"task-{eid}", actor_id="test", token_ids=ids, logprobs=lp,
-                      loss_mask=mask, policy_version=ver, prompt_len=prompt, turns=turns, reward=reward)
+                      loss_mask=mask, policy_version=ver, prompt_len=prompt, turns=turns, reward=reward,
+                      mode=mode)

@@ -59,6 +59,14 @@ def test_rft_keeps_only_clean_positive_trajectories():
     assert ing.positions == {0: 4}
 
 
+def test_warmup_trains_single_turn_episodes_only():
+    ing = Ingest("warmup", max_staleness=4)
+    ing.offer(make_traj("single", mode="single_turn"), 0, 0)
+    ing.offer(make_traj("multi", mode="multi_turn"), 0, 1)
+    assert [s.episode_id for s in ing.take(4, 0)] == ["single"]
+    assert ing.dropped == {"warmup_multi_turn": 1}
+
+
 def test_invalid_trajectory_dropped_with_its_offset_consumed():
     bad = make_traj("bad")
     bad.logprobs = bad.logprobs[:-1]

@@ -59,7 +59,8 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         want = _bytes(ref)
         assert _bytes(got_k) == want and _bytes(got_f) == want
         assert "model.safetensors" in want and "tokenizer.json" in want
-        assert ann_k.sha256 == ann_f.sha256 == hashlib.sha256(b"".join(want.values())).hexdigest()
+        lines = "".join(f"{n} {hashlib.sha256(b).hexdigest()}\n" for n, b in sorted(want.items()))
+        assert ann_k.sha256 == ann_f.sha256 == hashlib.sha256(lines.encode()).hexdigest()
         # what the actors load is the trained policy
         loaded = AutoModelForCausalLM.from_pretrained(str(got_k), dtype=torch.float32)
         for name, p in tr.policy_module().named_parameters():
@@ -106,10 +107,10 @@ def test_half_sent_or_corrupt_version_is_never_materialised(cfg, tmp_path):
         meta = prod.send(topics.WEIGHTS_CHUNKS, WeightChunk(model_name="policy", version=8, index=0, count=1,
                                                             file_name="config.json", offset=0, data=b"{}",
                                                             sha256="0" * 64), key="policy:8").get()
+        files = {"config.json": hashlib.sha256(b"{}").hexdigest()}
         bad = WeightAnnouncement(model_name="policy", version=8, transport="kafka",
                                  uri=f"kafka://{topics.WEIGHTS_CHUNKS}/{meta.partition}@{meta.offset}", num_chunks=1,
-                                 total_bytes=2, sha256=hashlib.sha256(b"{}").hexdigest(),
-                                 files={"config.json": hashlib.sha256(b"{}").hexdigest()})
+                                 total_bytes=2, sha256=wt.manifest_digest(files), files=files)
         with pytest.raises(wt.WeightsCorrupt):
             wt.receive(bus, bad, tmp_path / "recv", timeout_s=5)
         assert not wt.version_dir(tmp_path / "recv", "policy", 7).exists()

@@ -95,6 +95,16 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
         assert again.correct and again.reward == 1.0, again.error
     finally:
         client.close()
+    # a short flood of both topics (the stress tool) against the same workers
+    from sandbox_workers.stress import run_stress
+
+    report = run_stress(oracle_cfg, "cpu", duration_s=6.0, rate=2.0, eval_fraction=0.3, timeout_s=120,
+                        examples="19_relu")
+    assert report["sent"] >= 10 and report["timeouts"] == 0 and report["failed"] == 0, report
+    assert report["compile"]["n"] + report["evaluate"]["n"] == report["sent"]
+    assert report["throughput_per_s"] > 0 and report["compile"]["p50_s"] > 0
+    assert report["lag_end"] == {"compile": 0, "evaluate": 0}
+    assert report["worker_busy_fraction"] and all(0 < f <= 1 for f in report["worker_busy_fraction"].values())
     for role, p in procs.items():
         assert p.poll() is None, f"{role} worker died"
         p.send_signal(signal.SIGTERM)

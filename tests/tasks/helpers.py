@@ -37,3 +37,4 @@ BROKEN = {
 # too fast for the window: a tiny elementwise op
 TOO_FAST = task("return torch.tanh(x)", inputs="[torch.randn(4, 4)]")
 HANG = task("while True:\n    time.sleep(0.5)\nreturn x", extra="import time\n")
+CRASH = task("ctypes.string_at(0)\nreturn x", extra="import ctypes\n")  # SIGSEGV in the child

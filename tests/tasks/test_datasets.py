@@ -70,3 +70,19 @@ def test_synthesize_writes_filtered_decontaminated_tasks(tmp_path):
         assert e.metadata["decontam"]["max_similarity"] <= 0.9
         assert e.metadata["filter"]["eager_ms"] > 0 and e.metadata["filter"]["compiled"] is False
         assert e.to_message().model_py == e.model_py
+
+
+def test_verify_reruns_the_filter_on_a_folder(tmp_path, capsys):
+    from cluster.cli import main
+
+    out = tmp_path / "synth"
+    assert main(["tasks", "synthesize", "--n", "2", "--backend", "cpu", "--out", str(out), "--seed", "9",
+                 "--mix", "2:1", "--min-ms", "0", "--max-ms", "500", "--no-compile-check", "--eval-set", ""]) == 0
+    capsys.readouterr()
+    assert main(["tasks", "verify", "--dir", str(out), "--backend", "cpu", "--min-ms", "0", "--max-ms", "500",
+                 "--no-compile-check"]) == 0
+    assert "2/2 tasks pass the filter on cpu" in capsys.readouterr().out
+    # a window no task can meet: every task is rejected and the command fails
+    assert main(["tasks", "verify", "--dir", str(out), "--backend", "cpu", "--min-ms", "400", "--max-ms", "500",
+                 "--no-compile-check"]) == 1
+    assert "REJECT runtime_window" in capsys.readouterr().out

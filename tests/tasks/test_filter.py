@@ -8,7 +8,7 @@ import pytest
 
 from actors.tasks.filter import RULES, FilterConfig
 from actors.tasks.filter_runner import filter_sources
-from tests.tasks.helpers import BROKEN, GOOD, HANG, TOO_FAST
+from tests.tasks.helpers import BROKEN, CRASH, GOOD, HANG, TOO_FAST
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,8 @@ def test_window_rejects_too_fast_task():
     assert not fast.ok and fast.rule == "runtime_window" and fast.eager_ms < 1.0
 
 
-def test_hanging_task_is_killed_and_the_batch_continues():
+def test_hanging_or_crashing_task_is_killed_and_the_batch_continues():
     cfg = FilterConfig(backend="cpu", min_ms=0.0, max_ms=1000.0, check_compile=False)
-    out = filter_sources([TOO_FAST, HANG, TOO_FAST], cfg, timeout_s=4, start_s=90)
-    assert [v.ok for v in out] == [True, False, True]
-    assert out[1].rule == "timeout"
+    out = filter_sources([TOO_FAST, HANG, CRASH, TOO_FAST], cfg, timeout_s=4, start_s=90)
+    assert [v.ok for v in out] == [True, False, False, True]
+    assert out[1].rule == "timeout" and out[2].rule == "crash"

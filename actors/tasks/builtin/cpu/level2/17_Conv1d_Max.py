@@ -1,0 +1,33 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    """Conv1d -> Max."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, reduce_dim):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size)
+        self.reduce_dim = reduce_dim
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = torch.amax(x, dim=self.reduce_dim, keepdim=True)
+        return x
+
+
+batch_size = 32
+in_channels = 12
+length = 512
+out_channels = 8
+kernel_size = 3
+reduce_dim = 1
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, length)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, reduce_dim]

@@ -1,0 +1,221 @@
+"""Load generator for the sandbox topics: open-loop compile/evaluate requests, latency and lag report.
+
+Requests come from (task, solution) pairs: the shipped examples of the backend, plus
+(with a task corpus such as ../shared/kernelbench) every task file at shrunken shapes
+paired with the template solution, which exercises the reference path and fails
+verification quickly. Compile requests get a unique comment unless `cache_hits` asks
+for repeats, so they really build.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import random
+import re
+import statistics
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sandbox_workers import workspace
+
+log = logging.getLogger(__name__)
+SKILLS = Path(__file__).resolve().parent.parent / "skills"
+
+
+def shrink_task(source: str, cap: int = 64) -> str:
+    """Cap every module-level integer constant at `cap` (shapes), leaving the rest of the file alone."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.splitlines()
+    known: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _const_value(node.value, known)
+            name = node.targets[0].id
+            if isinstance(value, int) and not isinstance(value, bool) and value > cap and node.lineno == node.end_lineno:
+                lines[node.lineno - 1] = f"{name} = {cap}"
+                value = cap
+            if value is not None:
+                known[name] = value
+    return "\n".join(lines) + "\n"
+
+
+def _const_value(node: ast.AST, known: dict):
+    """Value of a constant expression (numbers, known names, + - * // / **), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
+    if isinstance(node, ast.BinOp):
+        a, b = _const_value(node.left, known), _const_value(node.right, known)
+        if a is None or b is None:
+            return None
+        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+               ast.FloorDiv: lambda: a // b if b else None, ast.Div: lambda: a / b if b else None}
+        fn = ops.get(type(node.op))
+        return fn() if fn else None
+    return None
+
+
+def load_pairs(backend: str, tasks_dir: str | None, limit: int = 200,
+               examples: str = "*") -> list[tuple[str, str, dict]]:
+    """[(task_id, model_py, files)] for the requests (`examples`: a glob over example names)."""
+    pairs = []
+    for d in sorted((SKILLS / "examples").glob(f"{backend}_{examples}")):
+        if (d / "model.py").is_file():
+            pairs.append((d.name, (d / "model.py").read_text(), workspace.read_dir(d)))
+    if tasks_dir:
+        template = workspace.read_dir(SKILLS / "templates" / backend)
+        for p in sorted(Path(tasks_dir).rglob("*.py"))[:limit]:
+            text = p.read_text(errors="replace")
+            if "class Model" in text and "def get_inputs" in text:
+                pairs.append((p.stem, shrink_task(text), template))
+    if not pairs:
+        raise ValueError(f"no tasks: no skills/examples/{backend}_* and nothing usable in {tasks_dir!r}")
+    return pairs
+
+
+def _salted(files: dict, salt: str) -> dict:
+    out = dict(files)
+    for k in out:
+        if k.startswith("kernels/") and re.search(r"\.(cpp|cu|cc)$", k):
+            out[k] = out[k] + f"\n// stress {salt}\n"
+            break
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str | None = None,
+               eval_fraction: float = 0.5, cache_hits: float = 0.0, concurrency: int = 64,
+               timeout_s: float = 600.0, examples: str = "*") -> dict:
+    from cluster.bus import Bus, RequestClient
+    from schemas import topics
+    from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
+
+    pairs = load_pairs(backend, tasks_dir, examples=examples)
+    bus = Bus(cfg, client_id=f"stress-{uuid.uuid4().hex[:6]}")
+    client = RequestClient(bus, name=bus.client_id)
+    rng = random.Random(0)
+    lock = threading.Lock()
+    rec = {"compile": [], "evaluate": []}
+    busy: dict[str, float] = {}
+    counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}}
+    gpu = _GpuSampler() if backend == "cuda" else None
+    lag_max = {"compile": 0, "evaluate": 0}
+
+    def one(kind: str, i: int) -> None:
+        tid, model_py, files = pairs[i % len(pairs)]
+        salt = f"{i}" if rng.random() >= cache_hits else "0"
+        t0 = time.monotonic()
+        try:
+            if kind == "compile":
+                msg = CompileRequest(header=RequestHeader(), episode_id=f"stress-{i}", files=_salted(files, salt),
+                                     backend=backend)
+                reply = client.request(topics.TOOL_COMPILE, msg, timeout_s=timeout_s, retries=0)
+                ok = reply.ok
+            else:
+                msg = EvaluateRequest(header=RequestHeader(), episode_id=f"stress-{i}", task_id=tid, model_py=model_py,
+                                      files=files, mode="both", backend=backend)
+                reply = client.request(topics.evaluate_topic(backend), msg, timeout_s=timeout_s, retries=0)
+                ok = reply.compiled
+        except Exception as exc:  # noqa: BLE001 - a lost request is a data point, not a crash of the tool
+            with lock:
+                counts["timeouts" if "imeout" in type(exc).__name__ else "failed"] += 1
+            return
+        lat = time.monotonic() - t0
+        with lock:
+            rec[kind].append(lat)
+            counts["ok" if ok else "failed"] += 1
+            busy[reply.worker] = busy.get(reply.worker, 0.0) + float(reply.duration_s)
+            if kind == "evaluate":
+                counts["rewards"][str(reply.reward)] = counts["rewards"].get(str(reply.reward), 0) + 1
+
+    t_start = time.monotonic()
+    stop_lag = threading.Event()
+    lag_thread = threading.Thread(target=_sample_lag, args=(bus, backend, lag_max, stop_lag), daemon=True)
+    lag_thread.start()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        i = 0
+        while time.monotonic() - t_start < duration_s:
+            due = t_start + i / rate
+            now = time.monotonic()
+            if due > now:
+                time.sleep(min(due - now, 0.2))
+                continue
+            kind = "evaluate" if rng.random() < eval_fraction else "compile"
+            pool.submit(one, kind, i)
+            counts["sent"] += 1
+            i += 1
+    wall = time.monotonic() - t_start
+    stop_lag.set()
+    lag_thread.join(timeout=10)
+    client.close()
+    end_lag = _lag(bus, backend)
+    bus.close()
+    done = len(rec["compile"]) + len(rec["evaluate"])
+    out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "rate": rate, "tasks": len(pairs),
+           **{k: v for k, v in counts.items()}, "throughput_per_s": done / wall if wall else 0.0,
+           "lag_max": lag_max, "lag_end": end_lag,
+           "worker_busy_fraction": {w: min(1.0, b / wall) for w, b in busy.items()}}
+    for kind, xs in rec.items():
+        out[kind] = {"n": len(xs), "p50_s": _pct(xs, 0.5), "p90_s": _pct(xs, 0.9), "p99_s": _pct(xs, 0.99),
+                     "mean_s": statistics.fmean(xs) if xs else 0.0}
+    if gpu is not None:
+        out["gpu_busy"] = gpu.stop()
+    return out
+
+
+def _lag(bus, backend: str) -> dict:
+    from schemas import topics
+
+    try:
+        c = bus.lag("compile-workers", [topics.TOOL_COMPILE])[topics.TOOL_COMPILE]
+        e = bus.lag(f"eval-workers-{backend}", [topics.evaluate_topic(backend)])[topics.evaluate_topic(backend)]
+        return {"compile": c, "evaluate": e}
+    except Exception as exc:  # noqa: BLE001 - lag is best-effort evidence
+        return {"error": str(exc)}
+
+
+def _sample_lag(bus, backend: str, lag_max: dict, stop: threading.Event) -> None:
+    while not stop.wait(2.0):
+        cur = _lag(bus, backend)
+        for k in ("compile", "evaluate"):
+            if isinstance(cur.get(k), int):
+                lag_max[k] = max(lag_max[k], cur[k])
+
+
+class _GpuSampler:
+    """GPU utilisation from NVML every 0.5 s (all visible GPUs), while the stress runs."""
+
+    def __init__(self):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            while not self._stop.wait(0.5):
+                self.samples.append(statistics.fmean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in hs))
+        except Exception as exc:  # noqa: BLE001 - no NVML: report nothing
+            log.warning("GPU sampling unavailable: %s", exc)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join(timeout=5)
+        return {"mean_util_pct": statistics.fmean(self.samples) if self.samples else None, "n": len(self.samples)}

@@ -1,0 +1,75 @@
+"""The CUDA backend's build path without a GPU: nvcc (CUDA 13 from PyPI, requirements/test.txt)
+compiles the shipped CUDA examples, the template and the CUDA test candidates; static guards
+reject the CUDA-only hacks. Running them needs a GPU: see the `gpu`-marked test below."""
+from __future__ import annotations
+
+import pytest
+
+from sandbox_workers import guards, workspace
+from sandbox_workers.compiler import compile_workspace
+from tests.sandbox import cuda_cases
+from tests.sandbox.helpers import ROOT, RELU_TASK, shrunk_task
+
+EXAMPLES = sorted((ROOT / "skills" / "examples").glob("cuda_*"))
+
+
+def test_nvcc_is_available():
+    from sandbox_workers.backends.cuda import cuda_home
+
+    assert cuda_home() is not None, "nvcc missing: pip install -r requirements/test.txt"
+
+
+@pytest.mark.parametrize("example", EXAMPLES + [ROOT / "skills" / "templates" / "cuda"], ids=lambda p: p.name)
+def test_cuda_examples_build(sb_cfg, example):
+    out = compile_workspace(workspace.read_dir(example), "cuda", sb_cfg)
+    assert out.ok, out.error + "\n" + out.log
+    assert out.library.stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", sorted(cuda_cases.COMPILABLE))
+def test_cuda_candidates_build(sb_cfg, name):
+    out = compile_workspace(cuda_cases.COMPILABLE[name], "cuda", sb_cfg)
+    assert out.ok, out.error + "\n" + out.log
+
+
+def test_cuda_side_stream_rejected_before_build(sb_cfg):
+    out = compile_workspace(cuda_cases.SIDE_STREAM, "cuda", sb_cfg)
+    assert not out.ok and "side_stream" in out.violations
+
+
+def test_template_header_is_the_fixed_one():
+    infra = (ROOT / "skills" / "infra" / "krl_abi.h").read_text()
+    for backend in ("cpu", "cuda"):
+        assert (ROOT / "skills" / "templates" / backend / "krl_abi.h").read_text() == infra
+
+
+def test_examples_pass_static_guards():
+    for d in sorted((ROOT / "skills" / "examples").iterdir()):
+        files = workspace.read_dir(d)
+        backend = d.name.split("_")[0]
+        assert guards.check_python(files["model_new.py"]) == [], d
+        assert guards.check_cpp(files, backend) == [], d
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,expect", [("honest", None), ("wrong", "mismatch"), ("input_mutation", "input_mutation"),
+                                         ("illegal_address", "crash"), ("hang", "deadline")])
+def test_cuda_candidates_on_gpu(sb_cfg, name, expect):
+    import copy
+
+    from sandbox_workers.evaluator import Evaluator
+
+    cfg = copy.deepcopy(sb_cfg)
+    cfg.sandbox.eval_timeout_s = 30.0
+    ev = Evaluator(cfg, "cuda")
+    try:
+        res = ev.evaluate(shrunk_task(RELU_TASK[0], **RELU_TASK[1]), cuda_cases.COMPILABLE[name], mode="verify")
+    finally:
+        ev.close()
+    if expect is None:
+        assert res["correct"] and res["reward"] == 1.0, res
+    else:
+        assert not res["correct"] and res["reward"] == -1.0
+        text = " ".join(res["violations"]) + " " + res["error"]
+        assert expect in text or (expect == "crash" and ("SIG" in text or "illegal" in text.lower()
+                                                         or "CUDA error" in text)), text
