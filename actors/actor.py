@@ -116,29 +116,10 @@ class Actor:
     # -- one episode --------------------------------------------------------------
     async def run_episode(self, task: Task, episode_id: str | None = None) -> Trajectory:
         """Run one episode in a fresh workspace and return its trajectory (not published)."""
-        episode_id = episode_id or new_id()
-        acfg = self.cfg.actor
-        ws = await asyncio.to_thread(Workspace.create, self.ws_root, episode_id, task.model_py, task.backend)
-        local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=acfg.bash_timeout_s,
-                           max_output_chars=acfg.max_observation_chars)
-        remote = RemoteTools(self.client, task, episode_id, ws, timeout_s=acfg.tool_timeout_s,
-                             max_output_chars=acfg.max_observation_chars, cuda_arch=self.cfg.sandbox.cuda_arch)
-        skill = single_turn_skill_text(task.backend) if self.limits.mode == "single_turn" else skill_text(task.backend)
-        episode = Episode(self.policy, self.renderer, task, episode_id, self.actor_id, ws, local, remote,
-                          self.limits, skill)
-        try:
-            return await episode.run()
-        except (PolicyFailure, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - an episode bug ends that episode, not the actor
-            log.exception("episode %s failed", episode_id)
-            self.stats["errors"] += 1
-            traj = await episode._finish("error", final_eval=False)
-            traj.metadata["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-            return traj
-        finally:
-            if not acfg.keep_workspaces:
-                await asyncio.to_thread(ws.remove)
+        traj, errored = await run_episode(self.cfg, self.policy, self.renderer, task, self.client, self.ws_root,
+                                          self.actor_id, self.limits, episode_id)
+        self.stats["errors"] += int(errored)
+        return traj
 
     async def _episode(self, rec: Any, consumer: Any) -> None:
         task: Task = rec.msg
@@ -185,3 +166,36 @@ def _poll(consumer: Any, free: int) -> list:
     elif kc.paused():
         kc.resume(*kc.paused())
     return consumer.poll(timeout_s=0.2, max_records=max(1, free))
+
+
+def build_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task, client: Any, ws_root: Path,
+                  actor_id: str, limits: EpisodeLimits, episode_id: str) -> Episode:
+    """An episode in a fresh workspace (from the skills/ template and the task's model.py)."""
+    acfg = cfg.actor
+    ws = Workspace.create(ws_root, episode_id, task.model_py, task.backend)
+    local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=acfg.bash_timeout_s,
+                       max_output_chars=acfg.max_observation_chars)
+    remote = RemoteTools(client, task, episode_id, ws, timeout_s=acfg.tool_timeout_s,
+                         max_output_chars=acfg.max_observation_chars, cuda_arch=cfg.sandbox.cuda_arch)
+    skill = single_turn_skill_text(task.backend) if limits.mode == "single_turn" else skill_text(task.backend)
+    return Episode(policy, renderer, task, episode_id, actor_id, ws, local, remote, limits, skill)
+
+
+async def run_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task, client: Any, ws_root: Path,
+                      actor_id: str, limits: EpisodeLimits, episode_id: str | None = None) -> tuple[Trajectory, bool]:
+    """Run one episode; returns (trajectory, whether it ended on an internal error)."""
+    episode_id = episode_id or new_id()
+    episode = await asyncio.to_thread(build_episode, cfg, policy, renderer, task, client, ws_root, actor_id,
+                                      limits, episode_id)
+    try:
+        return await episode.run(), False
+    except (PolicyFailure, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - an episode bug ends that episode, not the actor
+        log.exception("episode %s failed", episode_id)
+        traj = await episode._finish("error", final_eval=False)
+        traj.metadata["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        return traj, True
+    finally:
+        if not cfg.actor.keep_workspaces:
+            await asyncio.to_thread(episode.workspace.remove)

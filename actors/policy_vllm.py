@@ -39,7 +39,8 @@ def engine_args(model_path: str, acfg: Any, *, max_model_len: int | None = None)
     mml = min(max_model_len or acfg.max_context_tokens, model_max) if model_max else \
         (max_model_len or acfg.max_context_tokens)
     kw: dict[str, Any] = dict(model=model_path, seed=acfg.seed, max_model_len=mml, disable_log_stats=True,
-                              enable_prefix_caching=True)
+                              enable_prefix_caching=True,
+                              worker_extension_cls="actors.vllm_worker_ext.KrlWorkerExtension")
     if cpu:
         kw.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=acfg.kv_cache_mb << 20)
     else:
@@ -139,7 +140,7 @@ class VLLMPolicy:
             t0 = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+                await self.llm.collective_rpc("krl_reload", kwargs={"weights_path": str(weights_dir)})
                 await self.llm.update_weight_version(str(version))
                 # Kept requests hold KV blocks from the old weights: preempt them so their
                 # KV is recomputed, and drop every cached prefix (stale otherwise).
@@ -160,5 +161,6 @@ class VLLMPolicy:
         llm, self.llm = self.llm, None
         if llm is not None:
             llm.shutdown()
+            llm.shutdown = lambda *a, **k: None  # AsyncLLM.__del__ would shut down again at teardown
             del llm
             gc.collect()  # run AsyncLLM.__del__ now, not at interpreter teardown

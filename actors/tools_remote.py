@@ -136,7 +136,7 @@ def evaluate_text(res: EvaluateResult, limit: int) -> str:
 def episode_reward(evals: list[EvalRecord], reward_from: str) -> tuple[float, dict]:
     """Reward and evidence from the episode's evaluations (final or best); -1 without any."""
     if not evals:
-        return -1.0, {"error": "no evaluation of a solution"}
+        return -1.0, {"error": "no evaluation of a solution (none written, or the template left unchanged)"}
     full = [r for r in evals if r.mode == "both"] or evals  # profile runs carry the timing evidence
     pick = max(full, key=lambda r: r.result.reward) if reward_from == "best" else evals[-1]
     r = pick.result

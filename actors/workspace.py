@@ -44,6 +44,7 @@ def single_turn_skill_text(backend: str, skills_dir: Path = SKILLS_DIR) -> str:
 class Workspace:
     root: Path
     protected: set[str] = field(default_factory=set)
+    initial_digest: str = ""  # digest of the template's solution files: "the agent changed nothing"
 
     @classmethod
     def create(cls, parent: Path, episode_id: str, model_py: str, backend: str,
@@ -64,7 +65,9 @@ class Workspace:
                     protected.add(rel)
         (root / KERNEL_DIR).mkdir(exist_ok=True)
         (root / MODEL_PY).write_text(model_py)
-        return cls(root=root, protected=protected)
+        ws = cls(root=root, protected=protected)
+        ws.initial_digest = cls.digest(ws.solution_files())
+        return ws
 
     def solution_files(self) -> dict[str, str]:
         """model_new.py and kernels/* sources: what the workers build and evaluate."""

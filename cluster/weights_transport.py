@@ -162,6 +162,18 @@ def _write_manifest(folder: Path, ann: WeightAnnouncement) -> None:
         os.fsync(f.fileno())
 
 
+def existing_fs(root: str | os.PathLike, model_name: str, version: int, step: int = 0) -> WeightAnnouncement | None:
+    """The announcement of a version already complete under ``root`` (after a restart), else None."""
+    dest = version_dir(root, model_name, version)
+    try:
+        have = json.loads((dest / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return WeightAnnouncement(model_name=model_name, version=version, transport="fs", uri=str(dest.resolve()),
+                              num_chunks=len(have["files"]), total_bytes=int(have["total_bytes"]),
+                              sha256=have["sha256"], files=dict(have["files"]), step=step)
+
+
 def publish_nccl(*_args, **_kw):
     raise SetupError("learner.weight_transport 'nccl' is not implemented yet: use 'kafka' or 'fs'")
 

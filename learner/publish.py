@@ -72,6 +72,14 @@ class Publisher:
         """Export + send + announce version; returns (announcement, seconds) on rank 0, (None, s) elsewhere."""
         lc = self.cfg.learner
         t0 = time.perf_counter()
+        ann = None
+        if self.transport == "fs" and eng.rank_world()[0] == 0:
+            ann = wt.existing_fs(self.fs_root, lc.model_name, version, step)
+        if eng.broadcast_object(ann is not None):
+            # already durable (a restart after publishing): announce it again, never rewrite a version
+            if ann is not None and self.producer is not None:
+                wt.announce(self.producer, ann)
+            return ann, time.perf_counter() - t0
         with tempfile.TemporaryDirectory(prefix=f"krl-export-v{version}-") as tmp:
             folder = export_policy(module, lc.zero_stage, tmp, base_path)
             ann = None

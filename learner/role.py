@@ -105,7 +105,7 @@ class LearnerRole:
 
     def run(self, max_steps: int = 0, stop: threading.Event | None = None, idle_wait_s: float = 3600.0) -> int:
         stop = stop or threading.Event()
-        self._redo_pending()
+        self._redo_pending(resumed=True)
         done = 0
         while not max_steps or self.step < max_steps:
             samples = self.next_batch(stop, idle_wait_s)
@@ -134,7 +134,7 @@ class LearnerRole:
                        **self._since_ckpt}
             self.checkpoint(pending)
             self._since_ckpt = {"episode_ids": [], "dropped_stale": []}
-            self._redo_pending()
+            self._redo_pending(resumed=False)
         self._record(m)
         return m
 
@@ -146,8 +146,10 @@ class LearnerRole:
         if self.rank == 0 and self.consumer is not None:
             self._commit_group()
 
-    def _redo_pending(self) -> None:
-        """Publish weights / the TrainStep of the last checkpointed step (idempotent for receivers)."""
+    def _redo_pending(self, resumed: bool) -> None:
+        """Publish weights / the TrainStep of the last checkpointed step (idempotent for receivers).
+
+        After a restart (``resumed``) the TrainStep is sent only if the learner log does not hold it yet."""
         p, self._pending = self._pending, None
         if not p:
             return
@@ -156,7 +158,7 @@ class LearnerRole:
                                                self.model_path)
             metrics.observe("learner_publish_s", secs)
             metrics.set_gauge("learner_policy_version", p["version"])
-        if self.rank == 0 and self.producer is not None and not self._logged(p["step"]):
+        if self.rank == 0 and self.producer is not None and not (resumed and self._logged(p["step"])):
             nums = {k: v for k, v in p["metrics"].items()}
             rec = TrainStep(step=p["step"], policy_version=self.version, stage=self.cfg.learner.stage,
                             episode_ids=p["episode_ids"], metrics=nums, dropped_stale=p["dropped_stale"])
@@ -186,6 +188,11 @@ class LearnerRole:
     def _record(self, m: dict) -> None:
         metrics.inc("learner_steps")
         metrics.inc("learner_tokens", m.get("tokens", 0.0))
+        metrics.inc("trajectories_trained", m.get("trajectories", 0.0))
+        # the names `kernelrl up`'s dashboard reads
+        metrics.set_gauge("learner_step", self.step)
+        metrics.set_gauge("policy_version", self.version)
+        metrics.set_gauge("loss", next((m[k] for k in ("policy_loss", "loss", "value_loss") if k in m), 0.0))
         for k, v in m.items():
             if isinstance(v, (int, float)):
                 metrics.set_gauge(f"learner_{k}", v)
@@ -216,9 +223,13 @@ def _topic_partitions(bus, topic: str) -> list[int]:
 
 
 def default_ckpt_dir(cfg) -> str:
+    """learner.checkpoint_dir, else <cache>/learner-ckpt/<topic prefix>: checkpoints hold Kafka positions,
+    so they belong to one set of topics (each isolated `kernelrl up` run gets its own)."""
     from cluster.config import cache_path
 
-    return cfg.learner.checkpoint_dir or str(cache_path(cfg, "learner-ckpt"))
+    if cfg.learner.checkpoint_dir:
+        return cfg.learner.checkpoint_dir
+    return str(cache_path(cfg, "learner-ckpt", cfg.bus.topic_prefix.strip(".") or "default"))
 
 
 def model_path_for(cfg) -> str:

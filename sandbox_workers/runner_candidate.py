@@ -107,8 +107,8 @@ def run_candidate(spec: dict) -> dict:
             for dst, x in zip(window[buf_i][0], src):
                 if isinstance(dst, torch.Tensor):
                     dst.copy_(x)
+            outs, err = call(window[buf_i][0])  # src stays alive: its freed block must not become the output
             del src
-            outs, err = call(window[buf_i][0])
             if err:
                 return finish(err)
             ok, detail = compare(outs, trials[src_t]["outputs"], spec["atol"], spec["rtol"])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 
 import torch
@@ -22,10 +23,11 @@ def run_reference(spec: dict) -> dict:
     seed_all(seed)
     model = task.Model(*init_inputs).to(device).eval()
     trials = []
-    gen = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(6), "little"))
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(6), "little"))
     max_full, samples = int(spec.get("max_full_elems", 1 << 22)), int(spec.get("sample_elems", 1 << 20))
+    save = spec.get("save_data", True)
     with torch.no_grad():
-        for s in spec["trial_seeds"]:
+        for s in (spec["trial_seeds"] if save else spec["trial_seeds"][:1]):  # baselines-only: one trial
             inputs = make_inputs(task.get_inputs, int(s), device)
             outs = flatten_outputs(model(*inputs))
             trials.append({"seed": int(s), "input_digest": input_digest(inputs),
@@ -34,7 +36,10 @@ def run_reference(spec: dict) -> dict:
     sig = [p for p in inspect.signature(task.Model.__init__).parameters if p != "self"]
     data = {"init_inputs": init_inputs, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "trials": trials, "ctor_params": sig}
-    torch.save(data, spec["data_path"])
+    if save:  # atomically: candidates of other workers may be reading it
+        tmp = spec["data_path"] + f".tmp{os.getpid()}"
+        torch.save(data, tmp)
+        os.replace(tmp, spec["data_path"])
     result = {"ok": True, "versions": versions(runtime), "clock": runtime.clock_info(),
               "outputs": [[o["shape"], o["dtype"]] for o in trials[0]["outputs"]], "baselines": {}}
     if spec.get("timing"):

@@ -56,7 +56,7 @@ def actor_cfg(**overrides):
 
     cfg = Config()
     a = cfg.actor
-    a.max_context_tokens, a.kv_cache_mb, a.max_new_tokens, a.temperature = 4096, 64, 64, 1.0
+    a.max_context_tokens, a.kv_cache_mb, a.max_new_tokens, a.temperature = 16384, 64, 64, 1.0
     for k, v in overrides.items():
         setattr(a, k, v)
     return cfg

@@ -5,7 +5,6 @@ import asyncio
 import signal
 import time
 
-import pytest
 
 from actors.actor import Actor
 from actors.policy import ScriptedPolicy
@@ -47,15 +46,12 @@ def _read_trajectories(cfg, n, timeout_s=60.0) -> list[Trajectory]:
     return out
 
 
-def _committed(cfg, group) -> int:
-    from kafka import KafkaAdminClient
+def _lag(cfg, group) -> int:
+    """Tasks not yet committed by ``group``."""
+    from cluster.bus import Bus
 
-    admin = KafkaAdminClient(bootstrap_servers=cfg.bus.bootstrap_servers)
-    try:
-        offs = admin.list_consumer_group_offsets(group)
-    finally:
-        admin.close()
-    return sum(o.offset for tp, o in offs.items() if tp.topic == cfg.bus.topic_prefix + T.TASKS)
+    with Bus(cfg, client_id="lag-test") as bus:
+        return bus.lag(group, [T.TASKS])[T.TASKS]
 
 
 def _actor_cfg(make_cfg, tmp_path, **actor):
@@ -83,7 +79,7 @@ def test_concurrent_episodes_commit_only_after_publish(aloop, tokenizer, make_cf
     trajs = _read_trajectories(cfg, 5)
     assert sorted(t.task_id for t in trajs) == sorted(t.task_id for t in tasks)
     assert all(t.end_reason == "finish" and t.actor_id == "actor-c" for t in trajs)
-    assert _committed(cfg, f"{cfg.bus.topic_prefix}actors") == 5
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 0
     actor.client.close()
 
 
@@ -107,5 +103,31 @@ def test_actor_killed_mid_episode_loses_no_task(aloop, tokenizer, tiny_model, ma
     assert n == 1
     trajs = _read_trajectories(cfg, 1)
     assert [(t.task_id, t.actor_id, t.end_reason) for t in trajs] == [("crash-task", "actor-b", "finish")]
-    assert _committed(cfg, f"{cfg.bus.topic_prefix}actors") == 1
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 0
     actor_b.client.close()
+
+
+def test_sigterm_finishes_within_grace_and_leaves_the_rest_uncommitted(tokenizer, tiny_model, make_cfg, spawn,
+                                                                        tmp_path):
+    from cluster.bus import Bus
+
+    cfg = _actor_cfg(make_cfg, tmp_path, concurrency=2, shutdown_grace_s=4.0)
+    with Bus(cfg, client_id="feeder-test") as bus:
+        prod = bus.producer()
+        prod.send(T.TASKS, relu_task("long", scripted_turns=_script(60)), key="long", partition=0).get(timeout=30)
+        prod.send(T.TASKS, relu_task("short", scripted_turns=_script(1.5)), key="short", partition=1).get(timeout=30)
+        prod.close()
+    log = open(tmp_path / "actor.log", "wb")
+    a = spawn(KERNELRL + ["-v", "actor", "--id", "actor-t", "--model", tiny_model], env=cfg_env(cfg),
+              stdout=log, stderr=log)
+    ws = tmp_path / "ws"
+    deadline = time.monotonic() + 120
+    while not (ws.is_dir() and len(list(ws.iterdir())) == 2):  # both episodes are running
+        assert a.poll() is None and time.monotonic() < deadline, (tmp_path / "actor.log").read_text()[-3000:]
+        time.sleep(0.05)
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(30) == 0
+    trajs = _read_trajectories(cfg, 1, timeout_s=10)
+    assert [t.task_id for t in trajs] == ["short"]  # finished within the grace period: published
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1  # the cancelled one stays uncommitted
+    assert not any(ws.iterdir())  # workspaces cleaned up

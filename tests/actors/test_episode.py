@@ -74,7 +74,8 @@ def test_no_tool_call_and_unknown_tool_become_observations(aloop, tokenizer, tmp
 
 
 def test_turn_cap_with_the_real_engine(aloop, engine, tmp_path):
-    ep = make_episode(engine, relu_task(), tmp_path, EpisodeLimits(max_turns=3, max_new_tokens=12))
+    limits = EpisodeLimits(max_turns=3, max_new_tokens=12, max_context_tokens=16384)
+    ep = make_episode(engine, relu_task(), tmp_path, limits)
     traj = aloop.run(ep.run())
     assert traj.end_reason == "turn_cap" and len(traj.turns) == 3
     assert traj.has_logprobs

@@ -65,6 +65,18 @@ def test_scripted_episode_reward_matches_the_workers_verdict(aloop, tokenizer, w
     t2 = aloop.run(ep2.run(), timeout=600)
     assert t2.reward == -1.0 and t2.evidence["compiled"] is False and t2.evidence["stats"]["final_eval_s"] > 0
 
+    # single-turn mode: one response holding the whole solution; the actor extracts, compiles, evaluates
+    answer = ("Here is my solution.\n```python model_new.py\n" + files["model_new.py"] + "```\n"
+              "### kernels/relu.cpp\n```cpp\n" + files["kernels/relu.cpp"] + "```\n")
+    ep3 = make_episode(ScriptedPolicy(tokenizer, [answer]), relu_task(), tmp_path / "ws3",
+                       EpisodeLimits(mode="single_turn"), client=rclient, tool_timeout_s=240, episode_id="ep-3")
+    t3 = aloop.run(ep3.run(), timeout=600)
+    (rec,) = ep3.remote.evaluations
+    assert t3.mode == "single_turn" and len(t3.turns) == 1 and t3.end_reason == "finish"
+    assert t3.turns[0].gen_end == len(t3.token_ids) and not t3.turns[0].malformed_tool_call
+    assert rec.mode == "both" and rec.result.correct and t3.reward == rec.result.reward >= 1.0
+    assert ep3.workspace.solution_files() == files
+
 
 def test_tool_timeout_becomes_an_observation(aloop, tokenizer, wcfg, rclient, tmp_path):
     # no worker is running: the compile request times out, the episode goes on and ends normally

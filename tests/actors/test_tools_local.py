@@ -21,10 +21,12 @@ def call(aloop, tools, name, **args):
 def test_bash_runs_in_the_workspace_without_network(aloop, tools, tmp_path):
     r = call(aloop, tools, "bash", command="pwd; echo $HOME")
     assert r.ok and r.output.splitlines()[:2] == [str(tmp_path.resolve())] * 2
-    net = call(aloop, tools, "bash", command="python3 -c \"import socket; s=socket.socket(); s.settimeout(2); "
-                                              "print(s.connect_ex(('1.1.1.1', 53)))\"; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    probe = ("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); print(s.connect_ex(('1.1.1.1', 53)))\";"
+             " tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    net = call(aloop, tools, "bash", command=probe)
     lines = net.output.splitlines()
-    assert lines[0] != "0" and lines[1] == "lo" and lines[2].startswith("[exit"), net.output  # no route out; only loopback exists
+    # no route out, and the only network interface is loopback
+    assert lines[0] != "0" and lines[1] == "lo" and lines[2].startswith("[exit"), net.output
 
 
 def test_bash_deadline_kills_the_whole_process_group(aloop, tools, tmp_path):

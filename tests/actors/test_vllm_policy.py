@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from actors.policy import GenRequest
 
@@ -16,21 +15,26 @@ def _greedy(aloop, engine, rid, n=24):
     return aloop.run(engine.generate(GenRequest(PROMPT, n, rid), temperature=0.0)).token_ids
 
 
-def test_logprobs_match_transformers_recomputation(aloop, engine, tiny_model):
+def _max_logprob_diff(gen, model_dir):
+    """Largest |vLLM log-prob - transformers log-prob| over the generated tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    gen = aloop.run(engine.generate(GenRequest(PROMPT, 48, "lp-1"), temperature=1.0, seed=7))
-    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.versions) > 0
-    assert set(gen.versions) == {engine.version}
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([PROMPT + gen.token_ids])
     with torch.no_grad():
         logits = model(ids).logits[0].float()
     logp = torch.log_softmax(logits, dim=-1)
     n = len(PROMPT)
     ref = logp[n - 1:n - 1 + len(gen.token_ids)].gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
-    diff = (ref - torch.tensor(gen.logprobs)).abs().max().item()
+    return (ref - torch.tensor(gen.logprobs)).abs().max().item()
+
+
+def test_logprobs_match_transformers_recomputation(aloop, engine, tiny_model):
+    gen = aloop.run(engine.generate(GenRequest(PROMPT, 48, "lp-1"), temperature=1.0, seed=7))
+    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.versions) > 0
+    assert set(gen.versions) == {engine.version}
+    diff = _max_logprob_diff(gen, tiny_model)
     assert diff < 1e-4, f"vLLM vs transformers log-prob max diff {diff}"
 
 
@@ -69,8 +73,10 @@ def test_hot_swap_changes_output_and_swapping_back_restores_it(aloop, engine, ti
 
     swapped = _greedy(aloop, engine, "hs-1")
     assert swapped != base, "new weights must change the greedy output"
-    gen = aloop.run(engine.generate(GenRequest(PROMPT, 8, "hs-1v"), temperature=0.0))
+    gen = aloop.run(engine.generate(GenRequest(PROMPT, 32, "hs-1v"), temperature=1.0, seed=3))
     assert set(gen.versions) == {v0 + 1}
+    diff = _max_logprob_diff(gen, other)  # every weight (tied head included) really is the new one
+    assert diff < 1e-4, f"after the swap, vLLM vs transformers(new weights) max diff {diff}"
 
     aloop.run(engine.swap_weights(tiny_model, v0 + 2))  # the original weights, as a newer version
     assert _greedy(aloop, engine, "hs-2") == base

@@ -83,6 +83,10 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         assert gate.wants(anns[0])
         gate.mark_applied(2)
         assert not gate.wants(anns[0])
+        # a restarted learner re-publishing an fs version re-announces the durable folder, never rewrites it
+        again, _ = Publisher(cfg, prod).publish(tr.policy_module(), 2, 1, tiny_model)
+        assert again.uri == ann_f.uri and again.sha256 == ann_f.sha256
+        assert [(a.version, a.transport) for a in _announcements(bus)][-1] == (2, "fs")
     finally:
         prod.close()
         bus.close()

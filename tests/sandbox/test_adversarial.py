@@ -176,3 +176,35 @@ def test_timed_calls_are_checked(sb_cfg, relu_task):
     finally:
         ev.close()
     rejected(res, "timed_output_mismatch")
+
+
+def test_big_outputs_are_compared_at_random_positions(sb_cfg, relu_task):
+    # outputs above max_full_output_elems are checked at sampled positions (+ NaN/Inf everywhere):
+    # skipping 10% of the work is still caught
+    from sandbox_workers.evaluator import Evaluator
+
+    cfg = copy.deepcopy(sb_cfg)
+    cfg.sandbox.max_full_output_elems, cfg.sandbox.output_sample_elems = 1000, 2000
+    ev = Evaluator(cfg, "cpu")
+    try:
+        honest = ev.evaluate(relu_task, relu_solution(), mode="verify")
+        lazy = ev.evaluate(relu_task, relu_with_body(
+            "for (int64_t i = 0; i < n; ++i) y[i] = (i % 10 == 7) ? 0.f : (x[i] > 0.f ? x[i] : 0.f);"),
+            mode="verify")
+        nan = ev.evaluate(relu_task, relu_with_body(
+            "for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;\ny[n / 3 + 1] = 0.f / 0.f;"),
+            mode="verify")
+    finally:
+        ev.close()
+    assert honest["correct"], honest["error"]
+    assert not lazy["correct"] and "sampled positions" in lazy["error"], lazy["error"]
+    assert not nan["correct"] and "NaN/Inf" in nan["error"], nan["error"]
+
+
+def test_shipped_cpu_examples_verify(evaluator):
+    from sandbox_workers import workspace
+    from tests.sandbox.helpers import ROOT
+
+    for d in sorted((ROOT / "skills" / "examples").glob("cpu_*")):
+        res = evaluator.evaluate((d / "model.py").read_text(), workspace.read_dir(d), mode="verify")
+        assert res["correct"] and res["reward"] == 1.0, (d.name, res["error"], res["violations"])

@@ -7,7 +7,6 @@ both workers cleanly; a job abandoned mid-run stays uncommitted.
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 

@@ -73,3 +73,19 @@ def test_cuda_candidates_on_gpu(sb_cfg, name, expect):
         text = " ".join(res["violations"]) + " " + res["error"]
         assert expect in text or (expect == "crash" and ("SIG" in text or "illegal" in text.lower()
                                                          or "CUDA error" in text)), text
+
+
+@pytest.mark.gpu
+def test_cli_on_shipped_cuda_example(sandbox_cache):
+    import json
+    import subprocess
+
+    from tests.conftest import KERNELRL
+    from tests.sandbox.conftest import fast_sandbox
+
+    ex = ROOT / "skills" / "examples" / "cuda_19_relu"
+    sets = [a for k, v in fast_sandbox(sandbox_cache).items() for a in ("--set", f"sandbox.{k}={v}")]
+    r = subprocess.run([*KERNELRL, *sets, "sandbox", "eval", "--task", str(ex / "model.py"), "--solution", str(ex),
+                        "--backend", "cuda", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    out = json.loads(r.stdout)
+    assert out["correct"] and out["reward"] >= 1 and out["timings"]["candidate"]["n"] >= 5, out

@@ -114,3 +114,33 @@ def test_compile_cache_hit_and_errors(sb_cfg):
     assert not flags.ok and "not allowed" in flags.error
     torchy = compile_workspace(relu_with_body("", includes="#include <torch/extension.h>"), "cpu", sb_cfg)
     assert not torchy.ok and torchy.violations == ["cpp_torch"]
+
+
+def test_shrink_task_caps_shape_constants():
+    from sandbox_workers.stress import shrink_task
+    from tests.sandbox.helpers import kernelbench_dir
+
+    src = (kernelbench_dir() / "level1" / "5_Matrix_scalar_multiplication.py").read_text()
+    out = shrink_task(src, cap=32)
+    assert "M = 32" in out and "N = 32" in out and "s = 3.14" in out
+    ns: dict = {}
+    exec(compile(out, "t", "exec"), ns)
+    assert list(ns["get_inputs"]()[0].shape) == [32, 32]
+
+
+def test_inline_artifact_is_used_when_its_key_matches(sb_cfg, tmp_path):
+    import copy
+
+    from sandbox_workers.compiler import compile_workspace
+    from sandbox_workers.evaluator import Evaluator
+
+    files = relu_solution()
+    built = compile_workspace(files, "cpu", sb_cfg)
+    other = copy.deepcopy(sb_cfg)  # another host: empty artifact cache
+    other.sandbox.artifact_cache_dir = str(tmp_path / "remote-artifacts")
+    ev = Evaluator(other, "cpu")
+    lib, info = ev._artifact(workspace.validate(files, "cpu"), built.library.read_bytes(), built.key)
+    assert lib is not None and info["cached"] and lib.read_bytes() == built.library.read_bytes()
+    # a key that does not match the sources is ignored: the worker builds itself
+    lib2, info2 = ev._artifact(workspace.validate(relu_with_body("y[0] = 1.f;"), "cpu"), b"junk", built.key)
+    assert lib2 is not None and not info2["cached"] and lib2.read_bytes() != b"junk"

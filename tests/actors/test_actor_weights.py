@@ -1,0 +1,74 @@
+"""The vLLM actor on the real broker: weight versions arrive over Kafka, are verified and hot-swapped;
+admission control holds new episodes while the actor lags the newest announced version."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from actors.actor import Actor
+from schemas.messages import WeightAnnouncement
+
+from .conftest import perturbed_copy
+from .helpers import relu_task
+from .test_actor_process import _publish_tasks, _read_trajectories
+
+
+def _announce(cfg, version, folder=None, bogus=False):
+    from cluster.bus import Bus
+    from cluster.weights_transport import announce, publish_kafka
+
+    with Bus(cfg, client_id="learner-test") as bus:
+        prod = bus.producer()
+        if bogus:  # announced, but its bytes are nowhere: must never be applied
+            ann = WeightAnnouncement(model_name=cfg.learner.model_name, version=version, transport="fs",
+                                     uri="/nonexistent/weights", num_chunks=1, total_bytes=1, sha256="0" * 64,
+                                     files={"model.safetensors": "0" * 64})
+        else:
+            ann = publish_kafka(prod, cfg.learner.model_name, version, folder, chunk_bytes=1 << 20)
+        announce(prod, ann)
+        prod.close()
+
+
+def _wait(pred, timeout_s=90.0, what=""):
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_weights_over_kafka_hot_swap_and_admission_control(aloop, engine, tiny_model, make_cfg, tmp_path):
+    cfg = make_cfg()
+    a = cfg.actor
+    a.workspace_root, a.weights_dir = str(tmp_path / "ws"), str(tmp_path / "weights")
+    a.max_turns, a.max_new_tokens, a.max_context_tokens, a.max_version_lag = 2, 8, 16384, 1
+    v = engine.version
+    actor = Actor(cfg, engine, actor_id="actor-w")
+    stop = asyncio.Event()
+    run = asyncio.run_coroutine_threadsafe(actor.run(stop), aloop.loop)
+    try:
+        _announce(cfg, v + 1, perturbed_copy(tiny_model, tmp_path / "v1", seed=3))
+        _wait(lambda: engine.version == v + 1, what="version v+1 to be applied")
+        assert actor.follower.applied[-1]["version"] == v + 1 and actor.follower.applied[-1]["swap_ms"] > 0
+        _publish_tasks(cfg, [relu_task("w-task-1")])
+        (t1,) = _read_trajectories(cfg, 1)
+        gen = t1.loss_mask.astype(bool)
+        assert gen.any() and (t1.policy_version[gen] == v + 1).all() and t1.has_logprobs
+        assert t1.metadata["version_start"] == v + 1
+
+        _announce(cfg, v + 3, bogus=True)  # newest announced is now 2 ahead (> max_version_lag 1)
+        _wait(lambda: actor.follower.errors, what="the bogus version to be rejected")
+        assert engine.version == v + 1 and actor.follower.lag == 2
+        _publish_tasks(cfg, [relu_task("w-task-2")])
+        time.sleep(3.0)
+        assert actor.stats["published"] == 1 and actor.stats["admission_waits"] > 0  # held back
+
+        _announce(cfg, v + 4, tiny_model)  # a good, newer version: the actor catches up and resumes
+        _wait(lambda: actor.stats["published"] == 2, what="the held task to run after catching up")
+        assert engine.version == v + 4 and actor.follower.lag == 0
+        trajs = [t for t in _read_trajectories(cfg, 2) if t.task_id == "w-task-2"]
+        gen2 = trajs[0].loss_mask.astype(bool)
+        assert (trajs[0].policy_version[gen2] == v + 4).all()
+    finally:
+        stop.set()
+        run.result(60)
+        actor.client.close()
