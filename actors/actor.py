@@ -25,6 +25,7 @@ from actors.offsets import OffsetTracker
 from actors.tools_local import LocalTools
 from actors.tools_remote import RemoteTools
 from actors.workspace import Workspace, single_turn_skill_text, skill_text
+from cluster.errors import RetriableError
 from schemas import topics as T
 from schemas.messages import Task, Trajectory, new_id
 
@@ -83,7 +84,12 @@ class Actor:
                     free = 0
                     self.stats["admission_waits"] += 1
                 # When full, keep polling (group liveness) with the partitions paused.
-                recs = await loop.run_in_executor(self._cthread, _poll, consumer, free)
+                try:
+                    recs = await loop.run_in_executor(self._cthread, _poll, consumer, free)
+                except RetriableError as exc:  # broker away: running episodes go on; poll again later
+                    log.warning("task poll failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 for rec in recs:
                     self.tracker.delivered(rec)
                     t = asyncio.create_task(self._episode(rec, consumer), name=f"episode-{rec.offset}")
@@ -172,7 +178,7 @@ def build_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task, cli
                   actor_id: str, limits: EpisodeLimits, episode_id: str) -> Episode:
     """An episode in a fresh workspace (from the skills/ template and the task's model.py)."""
     acfg = cfg.actor
-    ws = Workspace.create(ws_root, episode_id, task.model_py, task.backend)
+    ws = Workspace.create(ws_root, episode_id, task.model_py, task.backend, starter=limits.mode != "single_turn")
     local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=acfg.bash_timeout_s,
                        max_output_chars=acfg.max_observation_chars)
     remote = RemoteTools(client, task, episode_id, ws, timeout_s=acfg.tool_timeout_s,

@@ -76,6 +76,7 @@ class VLLMPolicy:
                     max_model_len: int | None = None) -> "VLLMPolicy":
         os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout stays the CLI's (--json)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.policy import load_tokenizer

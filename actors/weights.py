@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cluster.errors import RetriableError
 from schemas import topics as T
 from schemas.messages import WeightAnnouncement
 
@@ -45,7 +46,12 @@ class WeightFollower:
             [T.WEIGHTS], group, expected=WeightAnnouncement, auto_offset_reset="earliest"))
         try:
             while not stop.is_set():
-                recs = await loop.run_in_executor(self.executor, lambda: cons.poll(timeout_s=0.3))
+                try:
+                    recs = await loop.run_in_executor(self.executor, lambda: cons.poll(timeout_s=0.3))
+                except RetriableError as exc:  # broker away: keep serving the current weights, retry
+                    log.warning("weights poll failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 newest = None
                 for rec in recs:
                     ann = rec.msg

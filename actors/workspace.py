@@ -48,7 +48,8 @@ class Workspace:
 
     @classmethod
     def create(cls, parent: Path, episode_id: str, model_py: str, backend: str,
-               skills_dir: Path = SKILLS_DIR) -> "Workspace":
+               skills_dir: Path = SKILLS_DIR, starter: bool = True) -> "Workspace":
+        """``starter=False`` (single-turn): no starter model_new.py / kernels, the reply is the solution."""
         parent.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"ep-{episode_id[:12]}-", dir=parent))
         protected = {MODEL_PY}
@@ -56,12 +57,13 @@ class Workspace:
         if template.is_dir():
             for src in sorted(template.rglob("*")):
                 rel = src.relative_to(template).as_posix()
-                if src.is_dir() or "__pycache__" in rel:
+                solution = rel == MODEL_NEW or rel.startswith(KERNEL_DIR + "/")
+                if src.is_dir() or "__pycache__" in rel or (solution and not starter):
                     continue
                 dest = root / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest)
-                if rel != MODEL_NEW and not rel.startswith(KERNEL_DIR + "/"):
+                if not solution:
                     protected.add(rel)
         (root / KERNEL_DIR).mkdir(exist_ok=True)
         (root / MODEL_PY).write_text(model_py)

@@ -131,6 +131,12 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
         if not out.ok:
             return CompileOutcome(False, key, log=out.log, error=out.error, duration_s=time.monotonic() - t0,
                                   network_isolated=out.network_isolated)
+        state = get_builder(backend).inspect(out.library) if cfg.sandbox.static_guards else []
+        if state:
+            return CompileOutcome(False, key, log=out.log + "\nwritable global/static variables: " + ", ".join(state),
+                                  error="kernels keep mutable global/static state (not allowed: results must not "
+                                        "be cached across calls)", violations=[guards.OUTPUT_CACHING],
+                                  duration_s=time.monotonic() - t0, network_isolated=out.network_isolated)
         lib = store(cfg, key, out.library.read_bytes(),
                     {"log": out.log, "backend": backend, "build_s": out.duration_s, "created": time.time()})
     return CompileOutcome(True, key, lib, False, out.log, duration_s=time.monotonic() - t0,

@@ -58,7 +58,7 @@ CREATION = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones
 _BAD_CALLS = {"eval": INTROSPECTION, "exec": INTROSPECTION, "compile": INTROSPECTION, "getattr": INTROSPECTION,
               "setattr": INTROSPECTION, "delattr": INTROSPECTION, "globals": INTROSPECTION, "vars": INTROSPECTION,
               "locals": INTROSPECTION, "__import__": SANDBOX_ESCAPE, "open": READS_EVALUATOR_FILES,
-              "breakpoint": INTROSPECTION, "input": SANDBOX_ESCAPE}
+              "breakpoint": INTROSPECTION}
 _BAD_ATTRS = {"Stream": SIDE_STREAM, "stream": SIDE_STREAM, "Event": TIMER_PATCHING, "perf_counter": TIMER_PATCHING,
               "monotonic": TIMER_PATCHING, "register_forward_hook": INTROSPECTION,
               "register_forward_pre_hook": INTROSPECTION, "_make_subclass": TENSOR_SUBCLASS,
@@ -171,6 +171,7 @@ _CPP_CALLS = {
     READS_EVALUATOR_FILES: r"\b(fopen|freopen|open|openat|fstream|ifstream|ofstream|opendir|readlink|"
                            r"getenv|getcwd|stat|access)\s*[\(<]|\bstd::(i|o)?fstream\b|\b__FILE__\b",
     OUTPUT_CACHING: r"\b__attribute__\s*\(\(\s*constructor",
+    SANDBOX_ESCAPE + ":infra": r"\bkrl_\w+",  # the registry's own names are off limits
 }
 
 
@@ -192,14 +193,14 @@ def check_cpp(files: dict[str, str], backend: str) -> list[Violation]:
                 found.append(Violation(CPP_TORCH, f"{path}: #include <{inc}> (no torch/Python headers in kernels)"))
             elif not _INCLUDE_OK.match(inc) or ".." in inc or inc.startswith("/"):
                 found.append(Violation(FORBIDDEN_INCLUDE, f"{path}: #include <{inc}> is not on the allow-list"))
-        code = _strip_comments(text)
+        code = re.sub(r"^\s*#\s*include.*$", "", _strip_comments(text), flags=re.M)
         for m in _CPP_TORCH.finditer(code):
             found.append(Violation(CPP_TORCH, f"{path}: {m.group(0)!r} (no torch/ATen/Python API in kernels)"))
             break
         for name, pat in _CPP_CALLS.items():
             m = re.search(pat, code)
             if m:
-                found.append(Violation(name, f"{path}: {m.group(0).strip()!r} is not allowed in kernels"))
+                found.append(Violation(name.split(":")[0], f"{path}: {m.group(0).strip()!r} is not allowed in kernels"))
         if backend == "cpu" and re.search(r"__global__|<<<", code):
             found.append(Violation(FORBIDDEN_INCLUDE, f"{path}: CUDA code in a CPU workspace"))
     return _dedupe(found)

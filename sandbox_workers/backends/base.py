@@ -75,6 +75,10 @@ class Builder:
     def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
         raise NotImplementedError
 
+    def inspect(self, library: Path) -> list[str]:
+        """Problems found in the built library itself (names of offending symbols); none by default."""
+        return []
+
     def auto_libs(self, files: dict[str, str]) -> list[str]:
         """Link flags implied by the sources' includes (cuBLAS/cuDNN on CUDA); none on CPU."""
         return []

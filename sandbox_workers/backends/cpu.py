@@ -4,7 +4,9 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shlex
+import subprocess
 import time
 from pathlib import Path
 
@@ -45,6 +47,9 @@ class CpuBuilder(Builder):
         # -march=native makes the artifact specific to this CPU model.
         return f"{tool_version('g++')} | {cpu_model()}"
 
+    def inspect(self, library: Path) -> list[str]:
+        return writable_symbols(library)
+
     def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
         cflags = shlex.split(cfg.sandbox.cpu_flags) + ["-fPIC", "-fvisibility=hidden", "-Iinfra", "-Ikernels"]
         cflags += extra_flags
@@ -67,6 +72,28 @@ class CpuBuilder(Builder):
             lines.append(f"build {obj}: cxx {src}")
         lines.append(f"build {LIBRARY_NAME}: link {' '.join(objs)}")
         return "\n".join(lines) + "\n"
+
+
+# Writable data the toolchain and the fixed registry put in every library; anything else in
+# .data/.bss is mutable global/static state of the kernels (the substrate of any result cache).
+_ALLOWED_DATA = re.compile(r"^(_DYNAMIC|_GLOBAL_OFFSET_TABLE_|__TMC_END__|__dso_handle|completed\.\d+|"
+                           r"__do_global_dtors_aux_fini_array_entry|__frame_dummy_init_array_entry|"
+                           r"krl_op_desc_\w+|krl_reg_\w+|krl_registry_head)$")
+
+
+def writable_symbols(library: Path) -> list[str]:
+    """Names of writable data objects (nm types d/D/b/B) not on the allow-list."""
+    try:
+        out = subprocess.run(["nm", "-C", "--defined-only", str(library)], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"<nm failed: {exc}>"]
+    bad = []
+    for line in out.splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[1] in "dDbB" and not _ALLOWED_DATA.match(parts[2]):
+            bad.append(parts[2])
+    return bad
 
 
 class CpuRuntime(Runtime):

@@ -33,7 +33,7 @@ class NoRemote:
 
 def make_episode(policy, task: Task, root: Path, limits: EpisodeLimits, client=None, tool_timeout_s=30.0,
                  bash_timeout_s=10.0, episode_id="ep-test") -> Episode:
-    ws = Workspace.create(root, episode_id, task.model_py, task.backend)
+    ws = Workspace.create(root, episode_id, task.model_py, task.backend, starter=limits.mode != "single_turn")
     local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=bash_timeout_s, max_output_chars=4000)
     remote = RemoteTools(client or NoRemote(), task, episode_id, ws, timeout_s=tool_timeout_s, retries=0)
     renderer = ChatRenderer(policy.tokenizer, tool_specs.ALL)

@@ -1,10 +1,9 @@
-"""The actor role on the real broker: concurrent episodes, commit-after-publish, crash redelivery, hot-swap."""
+"""The actor role on the real broker: concurrent episodes, commit-after-publish, crash redelivery, SIGTERM."""
 from __future__ import annotations
 
 import asyncio
 import signal
 import time
-
 
 from actors.actor import Actor
 from actors.policy import ScriptedPolicy

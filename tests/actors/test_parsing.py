@@ -66,3 +66,18 @@ def test_offsets_commit_only_contiguous_finished_prefix():
     assert t.done(recs[3]) is recs[3]  # other partition is independent
     assert t.done(recs[0]) is recs[1]  # 5 done -> commit through 6
     assert t.done(recs[2]) is recs[2] and t.pending() == 0
+
+
+def test_episode_reward_final_or_best():
+    from actors.tools_remote import EvalRecord, episode_reward
+    from schemas.messages import EvaluateResult
+
+    def rec(mode, reward, rid):
+        return EvalRecord(mode, f"d{rid}", EvaluateResult(request_id=rid, episode_id="e", task_id="t", compiled=True,
+                                                          correct=reward > 0, reward=reward))
+
+    evals = [rec("both", 3.0, "a"), rec("verify", 1.0, "b"), rec("both", 1.0, "c"), rec("verify", -1.0, "d")]
+    assert episode_reward(evals, "final")[0] == -1.0 and episode_reward(evals, "final")[1]["request_id"] == "d"
+    r, ev = episode_reward(evals, "best")
+    assert r == 3.0 and ev["request_id"] == "a" and ev["evaluations"] == 4
+    assert episode_reward([], "best")[0] == -1.0

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from actors.policy import GenRequest
 
 from .conftest import perturbed_copy
@@ -81,3 +80,6 @@ def test_hot_swap_changes_output_and_swapping_back_restores_it(aloop, engine, ti
     aloop.run(engine.swap_weights(tiny_model, v0 + 2))  # the original weights, as a newer version
     assert _greedy(aloop, engine, "hs-2") == base
     assert engine.version == v0 + 2
+    gen = aloop.run(engine.generate(GenRequest(PROMPT, 32, "hs-2v"), temperature=1.0, seed=4))
+    diff = _max_logprob_diff(gen, tiny_model)
+    assert diff < 1e-4, f"after swapping back, vLLM vs transformers(original) max diff {diff}"

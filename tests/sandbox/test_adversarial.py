@@ -129,13 +129,22 @@ def test_output_caching_by_pointer_python(nostatic, relu_task):
              "output_caching")
 
 
-def test_output_caching_by_pointer_cpp(evaluator, relu_task):
+_CPP_CACHE = relu_with_body(
     # the kernel remembers the last input pointer and replays its saved result
-    extra = "#include <vector>\nstatic const float* g_last = nullptr;\nstatic std::vector<float> g_saved;"
-    body = ("if (x == g_last && (int64_t)g_saved.size() == n) { for (int64_t i = 0; i < n; ++i) y[i] = g_saved[i]; return; }\n"
-            "g_saved.resize(n); for (int64_t i = 0; i < n; ++i) { y[i] = x[i] > 0.f ? x[i] : 0.f; g_saved[i] = y[i]; }\n"
-            "g_last = x;")
-    rejected(evaluator.evaluate(relu_task, relu_with_body(body, extra_cpp=extra), mode="verify"), "output_caching")
+    "if (x == g_last && (int64_t)g_saved.size() == n) { for (int64_t i = 0; i < n; ++i) y[i] = g_saved[i]; return; }\n"
+    "g_saved.resize(n); for (int64_t i = 0; i < n; ++i) { y[i] = x[i] > 0.f ? x[i] : 0.f; g_saved[i] = y[i]; }\n"
+    "g_last = x;", extra_cpp="#include <vector>\nstatic const float* g_last = nullptr;\nstatic std::vector<float> g_saved;")
+
+
+def test_output_caching_by_pointer_cpp_static(evaluator, relu_task):
+    # the built library is inspected: mutable static state is refused at compile time
+    res = evaluator.evaluate(relu_task, _CPP_CACHE, mode="verify")
+    rejected(res, "output_caching")
+    assert not res["compiled"] and "g_last" in res["evidence"]["compile"]["log"]
+
+
+def test_output_caching_by_pointer_cpp_runtime(nostatic, relu_task):
+    rejected(nostatic.evaluate(relu_task, _CPP_CACHE, mode="verify"), "output_caching")
 
 
 def test_input_mutation(evaluator, relu_task):
@@ -168,6 +177,7 @@ def test_timed_calls_are_checked(sb_cfg, relu_task):
 
     cfg = copy.deepcopy(sb_cfg)
     cfg.sandbox.compile_baseline = False  # the eager baseline is enough here; inductor is slow to start
+    cfg.sandbox.static_guards = False  # else the static call counter is refused at compile time
     ev = Evaluator(cfg, "cpu")
     extra = "static int64_t g_calls = 0;"
     body = "if (++g_calls > 8) return;\nfor (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;"

@@ -144,3 +144,20 @@ def test_inline_artifact_is_used_when_its_key_matches(sb_cfg, tmp_path):
     # a key that does not match the sources is ignored: the worker builds itself
     lib2, info2 = ev._artifact(workspace.validate(relu_with_body("y[0] = 1.f;"), "cpu"), b"junk", built.key)
     assert lib2 is not None and not info2["cached"] and lib2.read_bytes() != b"junk"
+
+
+def test_mutable_static_state_in_cpu_kernels_is_refused(sb_cfg):
+    from sandbox_workers.compiler import compile_workspace
+
+    counter = compile_workspace(relu_with_body("++g_calls; for (int64_t i = 0; i < n; ++i) y[i] = x[i];",
+                                               extra_cpp="int64_t g_calls = 0;"), "cpu", sb_cfg)
+    assert not counter.ok and counter.violations == ["output_caching"] and "g_calls" in counter.log
+    local = compile_workspace(relu_with_body("static int calls = 0; ++calls; y[0] = (float)calls;"), "cpu", sb_cfg)
+    assert not local.ok and local.violations == ["output_caching"]
+    lut = compile_workspace(relu_with_body("for (int64_t i = 0; i < n; ++i) y[i] = x[i] * kLut[i & 3];",
+                                           extra_cpp="static const float kLut[4] = {1.f, 1.f, 1.f, 1.f};"),
+                            "cpu", sb_cfg)
+    assert lut.ok, lut.error + lut.log
+    tamper = compile_workspace(relu_with_body("y[0] = 0.f;", extra_cpp="static int krl_registry_head = 1;"),
+                               "cpu", sb_cfg)
+    assert not tamper.ok and "sandbox_escape" in tamper.violations
