@@ -62,7 +62,7 @@ class Actor:
         """Serve until ``stop`` is set (or ``max_episodes`` finished); returns the number published."""
         loop = asyncio.get_running_loop()
         self.producer = await loop.run_in_executor(None, self.bus.producer)
-        group = f"{self.cfg.bus.topic_prefix}actors"
+        group = self.bus.group("actors")
         consumer = await loop.run_in_executor(self._cthread, lambda: self.bus.consumer(
             [T.TASKS], group, expected=Task))
         tasks: set[asyncio.Task] = set()

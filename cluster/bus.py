@@ -68,6 +68,12 @@ class Bus:
         prefix = self.cfg.bus.topic_prefix
         return name if prefix and name.startswith(prefix) else prefix + name
 
+    def group(self, name: str) -> str:
+        """Consumer-group id for a logical group name: prefixed like topics, so runs and
+        tenants that share a cluster never share a group."""
+        prefix = self.cfg.bus.topic_prefix
+        return name if prefix and name.startswith(prefix) else prefix + name
+
     def logical(self, full: str) -> str:
         prefix = self.cfg.bus.topic_prefix
         return full[len(prefix):] if prefix and full.startswith(prefix) else full
@@ -78,7 +84,8 @@ class Bus:
 
     def consumer(self, topics: Iterable[str], group_id: str | None, *, expected=None,
                  **overrides) -> "Consumer":
-        return Consumer(self, list(topics), group_id, expected=expected, **overrides)
+        group = self.group(group_id) if group_id else group_id
+        return Consumer(self, list(topics), group, expected=expected, **overrides)
 
     def ensure_topics(self) -> dict[str, str]:
         """Create kernelrl's topics if missing (idempotent)."""
@@ -89,7 +96,7 @@ class Bus:
     def lag(self, group_id: str, topics: Iterable[str]) -> dict[str, int]:
         from cluster.bus_lag import group_lag
 
-        return group_lag(self, group_id, topics)
+        return group_lag(self, self.group(group_id), topics)
 
     # dead letters
     def dead_letter(self, topic: str, partition: int, offset: int, error: str, payload: bytes,

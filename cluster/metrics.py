@@ -150,3 +150,29 @@ def serve_from_env(role: str, **info: str) -> http.server.ThreadingHTTPServer | 
     if port is None:
         return None
     return serve(int(port))
+
+
+class Metered:
+    """Wraps a worker's request handler: counts jobs, failures, time per job and busy time."""
+
+    def __init__(self, handler: Callable, registry: Registry = REGISTRY):
+        self._handler, self._registry = handler, registry
+
+    def __getattr__(self, name: str):
+        return getattr(self._handler, name)
+
+    def __call__(self, msg):
+        t0 = time.monotonic()
+        self._registry.set("busy", 1)
+        try:
+            out = self._handler(msg)
+        except BaseException:
+            self._registry.inc("jobs_failed")
+            raise
+        finally:
+            dt = time.monotonic() - t0
+            self._registry.set("busy", 0)
+            self._registry.inc("busy_s", dt)
+            self._registry.observe("job_s", dt)
+        self._registry.inc("jobs_done")
+        return out

@@ -85,9 +85,11 @@ def _lags(bus) -> dict:
     out = {}
     for name, group, topic in (("tasks", ACTOR_GROUP, topics.TASKS),
                                ("compile", "compile-workers", topics.TOOL_COMPILE),
+                               ("evaluate", f"eval-workers-{bus.cfg.sandbox.backend}",
+                                topics.evaluate_topic(bus.cfg.sandbox.backend)),
                                ("trajectories", "learner", topics.TRAJECTORIES)):
         try:
-            out[name] = group_lag(bus, group, [topic])[topic]
+            out[name] = group_lag(bus, bus.group(group), [topic])[topic]
         except Exception as exc:  # noqa: BLE001 - a dashboard figure must never stop the run
             log.debug("lag of %s: %s", name, exc)
     return out
@@ -110,14 +112,14 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
         bus = Bus(child, client_id="kernelrl-up")
         bus.ensure_topics()
         tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
-        feeder = Feeder(bus, tasks, ACTOR_GROUP, backlog=max(2, child.actor.concurrency * child.cluster.actors)).start()
+        feeder = Feeder(bus, tasks, bus.group(ACTOR_GROUP), backlog=max(2, child.actor.concurrency * child.cluster.actors)).start()
         sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")))
         for spec in _roles(child):
             sup.add(spec)
         snaps = _watch(sup, bus, feeder, child, stop, chaos_every_s, Dashboard(every_s=2.0 if dashboard else 10.0))
         feeder.stop()
         sup.stop()
-        result = report_mod.durable_invariants(bus, ACTOR_GROUP)
+        result = report_mod.durable_invariants(bus, bus.group(ACTOR_GROUP))
         result.update({
             "run_id": run_id, "run_dir": str(run_dir), "stopped_by": stop.reason or "learner finished",
             "weight_versions_applied_min": report_mod.applied_min(snaps),

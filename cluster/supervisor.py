@@ -144,7 +144,7 @@ class Supervisor:
 
 
 def kernelrl_argv(config_path: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "cluster.cli"]
+    argv = [sys.executable, "-m", "cluster.cli", "-v"]  # roles log at INFO into their own files
     if config_path:
         argv += ["--config", config_path]
     return argv

@@ -57,7 +57,7 @@ class LearnerRole:
 
         full = self.bus.topic(topics.TRAJECTORIES)
         parts = _topic_partitions(self.bus, topics.TRAJECTORIES)
-        cons = self.bus.consumer([topics.TRAJECTORIES], GROUP, assign=[(topics.TRAJECTORIES, p) for p in parts],
+        cons = self.bus.consumer([topics.TRAJECTORIES], self.bus.group(GROUP), assign=[(topics.TRAJECTORIES, p) for p in parts],
                                  expected=Trajectory)
         for p in parts:
             tp = TopicPartition(full, p)

@@ -21,12 +21,15 @@ def run(args, cfg) -> int:
 
     stop = threading.Event()
     install_sigterm(stop)
-    handler = CompileHandler(cfg)
+    from cluster import metrics
+
+    handler = metrics.Metered(CompileHandler(cfg))
+    metrics.serve_from_env("compile-worker", name=handler.name)
     bus = Bus(cfg, client_id=handler.name)
     bus.ensure_topics()
     log.info("compile worker %s serving %s", handler.name, bus.topic(topics.TOOL_COMPILE))
     try:
-        stats = serve(bus, topics.TOOL_COMPILE, args.group, handler, stop, expected=CompileRequest,
+        stats = serve(bus, topics.TOOL_COMPILE, bus.group(args.group), handler, stop, expected=CompileRequest,
                       max_messages=args.max_messages or None)
     except Abandoned:
         log.info("compile worker stopped mid-job; the job stays uncommitted")

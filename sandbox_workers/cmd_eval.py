@@ -35,13 +35,16 @@ def run(args, cfg) -> int:
 
     stop = threading.Event()
     install_sigterm(stop)
-    handler = EvalHandler(cfg, backend, device_key=device_key)
+    from cluster import metrics
+
+    handler = metrics.Metered(EvalHandler(cfg, backend, device_key=device_key))
+    metrics.serve_from_env("eval-worker", name=handler.name, backend=backend, device=device_key)
     bus = Bus(cfg, client_id=handler.name)
     bus.ensure_topics()
     topic = topics.evaluate_topic(backend)
     log.info("eval worker %s serving %s", handler.name, bus.topic(topic))
     try:
-        stats = serve(bus, topic, args.group or f"eval-workers-{backend}", handler, stop, expected=EvaluateRequest,
+        stats = serve(bus, topic, bus.group(args.group or f"eval-workers-{backend}"), handler, stop, expected=EvaluateRequest,
                       max_messages=args.max_messages or None)
         log.info("eval worker done: %s", stats)
     except Abandoned:

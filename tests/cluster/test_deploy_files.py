@@ -52,7 +52,7 @@ def test_scalers_watch_real_groups_and_topics():
 
     triggers = {doc["metadata"]["name"]: doc["spec"]["triggers"][0]["metadata"]
                 for _, doc in _docs() if doc["kind"] == "ScaledObject"}
-    assert triggers["actor"]["consumerGroup"] == ACTOR_GROUP and triggers["actor"]["topic"] == "krl.tasks"
+    assert triggers["actor"]["consumerGroup"] == "krl." + ACTOR_GROUP and triggers["actor"]["topic"] == "krl.tasks"
     assert triggers["compile-worker"]["topic"] == "krl.tool.compile"
 
 

@@ -83,3 +83,25 @@ def test_metrics_endpoint_prometheus_and_health():
             assert e.code == 503
     finally:
         server.shutdown()
+
+
+def test_metered_handler_counts_jobs_and_failures():
+    reg = metrics.Registry()
+
+    class Handler:
+        name = "h"
+
+        def __call__(self, msg):
+            if msg == "bad":
+                raise ValueError(msg)
+            return msg.upper()
+
+    h = metrics.Metered(Handler(), registry=reg)
+    assert h("ok") == "OK" and h.name == "h"
+    try:
+        h("bad")
+    except ValueError:
+        pass
+    snap = reg.snapshot()
+    assert snap["counters"]["jobs_done"] == 1 and snap["counters"]["jobs_failed"] == 1
+    assert snap["summaries"]["job_s"]["count"] == 2 and snap["gauges"]["busy"] == 0
