@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import tool_specs
-from actors.agent import Episode, EpisodeLimits, PolicyFailure
+from actors.agent import Episode, EpisodeLimits, PolicyFailure, engine_dead
 from actors.chat import ChatRenderer
 from actors.offsets import OffsetTracker
 from actors.tools_local import LocalTools
@@ -56,6 +56,7 @@ class Actor:
         self.stats = {"episodes": 0, "published": 0, "committed": 0, "errors": 0, "tokens": 0,
                       "admission_waits": 0, "publish_failures": 0}
         self.fatal: BaseException | None = None
+        self.published_tasks: list[str] = []  # task ids in publishing order (a redelivered task shows twice)
 
     # -- lifecycle --------------------------------------------------------------
     async def run(self, stop: asyncio.Event, max_episodes: int | None = None) -> int:
@@ -154,6 +155,7 @@ class Actor:
                 await loop.run_in_executor(None, lambda: self.producer.send(
                     T.TRAJECTORIES, traj, key=traj.task_id).get(timeout=60))
                 self.stats["published"] += 1
+                self.published_tasks.append(traj.task_id)
                 return True
             except Exception as exc:  # noqa: BLE001 - retry any delivery failure, then leave uncommitted
                 self.stats["publish_failures"] += 1
@@ -198,6 +200,8 @@ async def run_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task,
     except (PolicyFailure, asyncio.CancelledError):
         raise
     except Exception as exc:  # noqa: BLE001 - an episode bug ends that episode, not the actor
+        if engine_dead(exc):  # not the episode's fault: leave the task uncommitted for another actor
+            raise PolicyFailure(f"inference engine died: {exc}") from exc
         log.exception("episode %s failed", episode_id)
         traj = await episode._finish("error", final_eval=False)
         traj.metadata["error"] = f"{type(exc).__name__}: {exc}"[:2000]

@@ -92,8 +92,8 @@ class Episode:
         t0 = time.monotonic()
         try:
             gen = await self.policy.generate(req)
-        except (ValueError, RuntimeError) as exc:
-            if _engine_dead(exc):
+        except Exception as exc:  # noqa: BLE001 - a dead engine stops the actor; anything else ends the episode
+            if engine_dead(exc):
                 raise PolicyFailure(str(exc)) from exc
             log.warning("episode %s: generation failed: %s", self.episode_id, exc)
             return None
@@ -182,6 +182,11 @@ class Episode:
         return self.builder.build(reward, evidence, end_reason, meta)
 
 
-def _engine_dead(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    return name in {"EngineDeadError", "EngineGenerateError"} or "engine dead" in str(exc).lower()
+def engine_dead(exc: BaseException | None) -> bool:
+    """True if ``exc`` (or what caused it) says the inference engine is gone."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if type(exc).__name__ == "EngineDeadError" or "engine dead" in str(exc).lower():
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

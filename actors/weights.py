@@ -67,12 +67,27 @@ class WeightFollower:
         finally:
             await loop.run_in_executor(self.executor, cons.close)
 
+    def _receive(self, ann: WeightAnnouncement):
+        """Assemble + verify; a stale folder of the same version (an earlier run's) is replaced once."""
+        import shutil
+
+        from cluster.weights_transport import WeightsCorrupt, receive, version_dir
+
+        try:
+            return receive(self.bus, ann, str(self.dest_root), 300.0)
+        except WeightsCorrupt:
+            stale = version_dir(self.dest_root, ann.model_name, ann.version)
+            if ann.transport != "kafka" or not stale.exists():
+                raise
+            log.warning("weights v%d: %s holds other bytes (an earlier run?); receiving again", ann.version, stale)
+            shutil.rmtree(stale)
+            return receive(self.bus, ann, str(self.dest_root), 300.0)
+
     async def apply(self, ann: WeightAnnouncement) -> bool:
-        from cluster.weights_transport import receive
 
         loop = asyncio.get_running_loop()
         try:
-            folder = await loop.run_in_executor(self.executor, receive, self.bus, ann, str(self.dest_root), 300.0)
+            folder = await loop.run_in_executor(self.executor, self._receive, ann)
         except Exception as exc:  # noqa: BLE001 - a bad version is skipped; the old weights keep serving
             msg = f"weights v{ann.version}: not applied: {type(exc).__name__}: {exc}"
             log.error(msg)

@@ -39,11 +39,18 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
 
 
 class Feeder:
-    """Background thread: publish tasks while the group's backlog is below ``backlog``."""
+    """Background thread: publish tasks while every gate is open.
 
-    def __init__(self, bus, tasks: list[Task], group_id: str, backlog: int = 4, limit: int = 0):
-        self.bus, self.tasks, self.group_id = bus, tasks, group_id
-        self.backlog, self.limit = backlog, limit
+    A gate is ``(group, topic, limit)``: open while that group's lag on that topic is
+    below ``limit``. Gating on the actors' task backlog keeps tasks from piling up;
+    gating on the learner's trajectory backlog bounds how far rollouts run ahead of
+    training (AReaL-style staleness control), so little work is wasted on samples the
+    learner would drop as stale.
+    """
+
+    def __init__(self, bus, tasks: list[Task], gates: list[tuple[str, str, int]], limit: int = 0):
+        self.bus, self.tasks, self.gates = bus, tasks, gates
+        self.limit = limit
         self.published = 0
         self.stop_event = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task-feeder", daemon=True)
@@ -56,6 +63,9 @@ class Feeder:
         self.stop_event.set()
         self._thread.join(timeout=10)
 
+    def _open(self, group_lag) -> bool:
+        return all(group_lag(self.bus, group, [topic])[topic] < limit for group, topic, limit in self.gates)
+
     def _run(self) -> None:
         from cluster.bus_lag import group_lag
 
@@ -64,10 +74,7 @@ class Feeder:
         try:
             for r in rounds:
                 for task in self.tasks:
-                    while not self.stop_event.is_set():
-                        lag = group_lag(self.bus, self.group_id, [topics.TASKS])[topics.TASKS]
-                        if lag < self.backlog:
-                            break
+                    while not self.stop_event.is_set() and not self._open(group_lag):
                         self.stop_event.wait(0.5)
                     if self.stop_event.is_set() or (self.limit and self.published >= self.limit):
                         return

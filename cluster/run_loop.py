@@ -18,6 +18,7 @@ from cluster.supervisor import RoleSpec, Supervisor, kernelrl_argv
 log = logging.getLogger(__name__)
 
 ACTOR_GROUP = "actors"
+TINY_MAX_TURNS, TINY_MAX_NEW_TOKENS, TINY_BATCH = 4, 64, 4
 
 
 def _builtin_tasks() -> Path:
@@ -45,9 +46,16 @@ def _child_config(cfg: Config, run_id: str) -> Config:
     if cfg.cluster.isolate_runs:
         child.bus.topic_prefix = f"{cfg.bus.topic_prefix}{run_id}."
     if child.actor.policy == "vllm" and not child.actor.model_path:
-        from cluster.tiny_model import build_tiny_model
+        from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
 
-        child.actor.model_path = str(build_tiny_model(cache_path(cfg, "tiny-model")))
+        child.actor.model_path = str(build_tiny_model(default_tiny_model_dir(cfg)))
+        # The tiny random model writes no kernels: keep its episodes short so a laptop
+        # run shows the whole loop (and its learner steps) within minutes.
+        child.actor.max_turns = min(child.actor.max_turns, TINY_MAX_TURNS)
+        child.actor.max_new_tokens = min(child.actor.max_new_tokens, TINY_MAX_NEW_TOKENS)
+        child.learner.batch_trajectories = min(child.learner.batch_trajectories, TINY_BATCH)
+        log.info("tiny model: episodes capped at %d turns x %d tokens, batches of %d", child.actor.max_turns,
+                 child.actor.max_new_tokens, child.learner.batch_trajectories)
     if not child.learner.model_path:
         child.learner.model_path = child.actor.model_path
     return child
@@ -62,8 +70,17 @@ def _roles(cfg: Config) -> list[RoleSpec]:
     else:
         specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", "cpu"]) for i in range(n_eval)]
     specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"]) for i in range(c.actors)]
-    specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True))
+    specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=300.0))
     return specs
+
+
+def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:
+    from schemas import topics
+
+    in_flight = max(2, cfg.actor.concurrency * cfg.cluster.actors)
+    ahead = cfg.learner.batch_trajectories * (cfg.learner.max_staleness + 1)
+    return [(bus.group(ACTOR_GROUP), topics.TASKS, in_flight),
+            (bus.group("learner"), topics.TRAJECTORIES, max(ahead - in_flight, cfg.learner.batch_trajectories))]
 
 
 class _Stop:
@@ -112,7 +129,7 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
         bus = Bus(child, client_id="kernelrl-up")
         bus.ensure_topics()
         tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
-        feeder = Feeder(bus, tasks, bus.group(ACTOR_GROUP), backlog=max(2, child.actor.concurrency * child.cluster.actors)).start()
+        feeder = Feeder(bus, tasks, _gates(bus, child)).start()
         sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")))
         for spec in _roles(child):
             sup.add(spec)

@@ -36,6 +36,7 @@ class RoleSpec:
     restart: bool = True
     # "main" roles end the run when they exit 0 (the learner after --max-steps).
     main: bool = False
+    grace_s: float = 20.0  # SIGTERM -> SIGKILL delay at stop (the learner finishes its step first)
 
 
 @dataclasses.dataclass
@@ -110,7 +111,7 @@ class Supervisor:
             rp.kills += 1
             os.killpg(rp.proc.pid, sig)
 
-    def scrape(self, name: str, timeout: float = 0.5) -> dict | None:
+    def scrape(self, name: str, timeout: float = 2.0) -> dict | None:
         rp = self.roles[name]
         if not rp.alive:
             return None
@@ -120,7 +121,8 @@ class Supervisor:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM every role, wait up to each role's grace (or ``grace_s``), SIGKILL the rest."""
         self.stopping = True
         for rp in self.roles.values():
             if rp.alive:
@@ -128,14 +130,15 @@ class Supervisor:
                     os.killpg(rp.proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.time() + grace_s
+        t0 = time.time()
         for rp in self.roles.values():
             if rp.proc is None:
                 continue
+            grace = rp.spec.grace_s if grace_s is None else grace_s
             try:
-                rp.proc.wait(timeout=max(0.1, deadline - time.time()))
+                rp.proc.wait(timeout=max(0.1, t0 + grace - time.time()))
             except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM for %.0fs; killing", rp.spec.name, grace_s)
+                log.warning("%s ignored SIGTERM for %.0fs; killing", rp.spec.name, grace)
                 try:
                     os.killpg(rp.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:

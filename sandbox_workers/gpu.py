@@ -37,15 +37,27 @@ def pin(index: int) -> dict:
     return {"index": index, "uuid": uuid, "name": name, "handle": h}
 
 
+def clock_target(handle) -> dict:
+    """Read-only: the SM clock `lock_clocks` would lock to, and the clocks now (NVML, no root needed)."""
+    import pynvml
+
+    mem = max(pynvml.nvmlDeviceGetSupportedMemoryClocks(handle))
+    sm_max = max(pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem))
+    # A base-ish clock the GPU can hold under load: 80% of the max supported (H200: ~1590 MHz),
+    # rounded down to a clock the GPU actually supports.
+    supported = sorted(pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem))
+    target = max([c for c in supported if c <= int(sm_max * 0.8)] or supported[:1])
+    return {"target_sm_mhz": target, "max_sm_mhz": sm_max, "max_mem_mhz": mem,
+            "sm_mhz_now": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_mhz_now": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)}
+
+
 def lock_clocks(handle) -> int | None:
-    """Lock SM clocks to the highest supported application clock (root only). Returns MHz or None."""
+    """Lock SM clocks at `clock_target` (root only; opt-in via sandbox.lock_clocks). Returns MHz or None."""
     import pynvml
 
     try:
-        mem = max(pynvml.nvmlDeviceGetSupportedMemoryClocks(handle))
-        sm = max(pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem))
-        # A base-ish clock the GPU can hold under load: 80% of the max supported (H200: ~1590 MHz).
-        target = int(sm * 0.8)
+        target = clock_target(handle)["target_sm_mhz"]
         pynvml.nvmlDeviceSetGpuLockedClocks(handle, target, target)
         log.info("SM clock locked at %d MHz", target)
         return target

@@ -169,10 +169,19 @@ class CudaRuntime(Runtime):
             import pynvml
 
             pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            h = _nvml_handle(pynvml)
             info.update(uuid=pynvml.nvmlDeviceGetUUID(h),
+                        torch_uuid=str(self._torch.cuda.get_device_properties(0).uuid),
                         sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                         mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
         except Exception as exc:  # noqa: BLE001 - NVML is optional evidence
             info["nvml_error"] = str(exc)
         return info
+
+
+def _nvml_handle(pynvml):
+    """The NVML handle of the GPU this process uses (NVML ignores CUDA_VISIBLE_DEVICES: resolve the pin)."""
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if pinned.startswith("GPU-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(pinned)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(pinned) if pinned.isdigit() else 0)

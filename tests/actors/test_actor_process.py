@@ -130,3 +130,29 @@ def test_sigterm_finishes_within_grace_and_leaves_the_rest_uncommitted(tokenizer
     assert [t.task_id for t in trajs] == ["short"]  # finished within the grace period: published
     assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1  # the cancelled one stays uncommitted
     assert not any(ws.iterdir())  # workspaces cleaned up
+
+
+class DeadEnginePolicy(ScriptedPolicy):
+    """Raises vLLM's own EngineDeadError, as the real engine does when its process dies."""
+
+    async def generate(self, req):
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        raise EngineDeadError("EngineCore encountered an issue")
+
+
+def test_dead_engine_stops_the_actor_without_committing(aloop, tokenizer, make_cfg, tmp_path):
+    from actors.agent import PolicyFailure
+
+    cfg = _actor_cfg(make_cfg, tmp_path)
+    _publish_tasks(cfg, [relu_task("dead-engine")])
+    actor = Actor(cfg, DeadEnginePolicy(tokenizer, []), actor_id="actor-d")
+    try:
+        aloop.run(actor.run(asyncio.Event()), timeout=60)
+        raise AssertionError("the actor should have stopped with PolicyFailure")
+    except PolicyFailure:
+        pass
+    finally:
+        actor.client.close()
+    assert actor.stats["published"] == 0
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1  # the task waits for a healthy actor

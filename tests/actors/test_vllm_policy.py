@@ -47,27 +47,39 @@ def test_hot_swap_changes_output_and_swapping_back_restores_it(aloop, engine, ti
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True, logprobs=0,
-                                output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False)
+        params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True, logprobs=0,
+                                output_kind=RequestOutputKind.DELTA, detokenize=False)
+        started = asyncio.Event()
 
         async def long_request():
-            final = None
+            ids, final = [], None
             async for out in engine.llm.generate(TokensPrompt(prompt_token_ids=PROMPT), params,
                                                  request_id=f"inflight-{version}"):
-                final = out
-            return final.outputs[0]
+                ids += out.outputs[0].token_ids
+                started.set()
+                final = out.outputs[0]
+            return ids, final
 
         task = asyncio.create_task(long_request())
-        await asyncio.sleep(0.3)  # let it generate some tokens with the old weights
+        await started.wait()  # tokens are being generated with the old weights
         ms = await engine.swap_weights(folder, version)
         return await task, ms
 
-    inflight, ms = aloop.run(swap_with_inflight(other, v0 + 1))
+    try:
+        _swap_and_back(aloop, engine, tiny_model, other, base, v0, swap_with_inflight)
+    finally:
+        if engine.version != v0 + 2:  # leave the shared engine on the original weights
+            aloop.run(engine.swap_weights(tiny_model, engine.version + 1))
+
+
+def _swap_and_back(aloop, engine, tiny_model, other, base, v0, swap_with_inflight):
+    (ids, final), ms = aloop.run(swap_with_inflight(other, v0 + 1))
     assert engine.version == v0 + 1 and ms > 0
-    assert len(inflight.token_ids) == 160 and inflight.finish_reason == "length"
-    spans = [(s.version, s.start, s.end) for s in inflight.weight_versions]
+    assert len(ids) == 300 and final.finish_reason == "length"  # the in-flight request completed
+    spans = [(s.version, s.start, s.end) for s in final.weight_versions]
     assert [s[0] for s in spans] == [str(v0), str(v0 + 1)], spans  # the request spans the swap
-    versions = engine._versions(inflight, len(inflight.token_ids))
+    assert spans[0][1] == 0 and spans[-1][2] == 300
+    versions = engine._versions(final, len(ids))
     assert versions[0] == v0 and versions[-1] == v0 + 1
 
     swapped = _greedy(aloop, engine, "hs-1")

@@ -34,5 +34,36 @@ CACHING = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);", extra="static const f
 SIDE_STREAM = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);",
                       extra="static void side() { cudaStream_t s; cudaStreamCreate(&s); }")
 
+
+# --- run-time-only hacks for the CUDA adversarial suite (tests/sandbox/test_gpu_cuda.py) ---
+
+# Replays a saved result when called again with the same input pointer: a device buffer and the
+# last pointer kept in host statics (the CUDA build has no writable-data inspection, so only the
+# run-time "same buffers, new contents" check can catch it).
+POINTER_CACHE = relu_cu(
+    "  if (i < n) y[i] = fmaxf(x[i], 0.f);",
+    extra="static const float* g_last = nullptr;\nstatic float* g_saved = nullptr;\nstatic int64_t g_n = 0;")
+POINTER_CACHE["kernels/relu.cu"] = POINTER_CACHE["kernels/relu.cu"].replace(
+    "  relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, y, n);",
+    "  if (x == g_last && n == g_n) {\n"
+    "    cudaMemcpyAsync(y, g_saved, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);\n"
+    "    return;\n  }\n"
+    "  if (g_saved == nullptr || n != g_n) { cudaFree(g_saved); cudaMalloc(&g_saved, n * sizeof(float)); }\n"
+    "  relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, y, n);\n"
+    "  cudaMemcpyAsync(g_saved, y, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);\n"
+    "  g_last = x; g_n = n;")
+
+# Correct for the first calls (verification), then skips the work while being timed.
+SKIP_WHEN_TIMED = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);", extra="static int64_t g_calls = 0;")
+SKIP_WHEN_TIMED["kernels/relu.cu"] = SKIP_WHEN_TIMED["kernels/relu.cu"].replace(
+    "  relu_kernel<<<", "  if (++g_calls > 12) return;\n  relu_kernel<<<")
+
+# Does the work on the stream it was given, plus ~1 ms of spinning per launch: launched from Python on a
+# side stream (see test_gpu_cuda.py), the timed stream's events see almost nothing of it.
+SLOW_RELU = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);\n"
+                    "  long long t0 = clock64();\n  while (clock64() - t0 < 2000000) { }")
+
+# Built by nvcc in CI (test_cuda_build.py); run on the GPU by the gpu-marked tests.
 COMPILABLE = {"honest": HONEST, "wrong": WRONG, "input_mutation": INPUT_MUTATION,
-              "illegal_address": ILLEGAL_ADDRESS, "hang": HANG}
+              "illegal_address": ILLEGAL_ADDRESS, "hang": HANG, "pointer_cache": POINTER_CACHE,
+              "skip_when_timed": SKIP_WHEN_TIMED, "slow_relu": SLOW_RELU}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# GPU proof of the reward oracle and the learner in one device session (docs/oracle-gpu.md,
+# docs/learner-gpu.md). Run from the repo root on the GPU machine:
+#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner evals cv (default: all)
+# Environment: OUT (results folder), BUDGET_S (seconds for the whole script), ONLY (examples for `evals`),
+# CV_EXAMPLE / CV_REPEATS (for `cv`). Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
+# learner.log,evals.jsonl,cv.jsonl,proof.log}.
+set -u
+OUT=${OUT:-$PWD/gpu-proof-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export KERNELRL_CACHE=${KERNELRL_CACHE:-/tmp/krl-cache}
+PY=${PY:-python3}
+T0=$(date +%s)
+BUDGET=${BUDGET_S:-560}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/proof.log"; }
+phases=${*:-env pytest bench learner evals cv}
+has() { [[ " $phases " == *" $1 "* ]]; }
+
+if has env; then
+  log "env"
+  { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE | head -80; nvcc --version; g++ --version | head -1
+    which unshare prlimit ninja make; id -u
+    $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"
+    $PY -c "import pynvml, ninja; print('pynvml ok')"
+    unshare -n true && echo "unshare -n ok"
+  } > "$OUT/env.txt" 2>&1
+fi
+
+BENCH_PID=""
+if has bench; then  # CPU-bound (nvcc, g++ of torch/extension.h): overlaps the GPU tests
+  log "bench compile (background)"
+  ( timeout 420 $PY -m cluster.cli bench compile cuda --json > "$OUT/bench_compile.json" 2>> "$OUT/proof.log" ) &
+  BENCH_PID=$!
+fi
+
+if has pytest; then
+  log "pytest -m gpu"
+  t=$(( $(left) > 320 ? 300 : $(left) - 20 ))
+  if command -v make > /dev/null; then
+    timeout $t make test-gpu PYTEST_ARGS="-q --durations=25 -p no:cacheprovider" > "$OUT/pytest.log" 2>&1
+  else
+    timeout $t $PY -m pytest -m gpu tests/sandbox -q --durations=25 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  fi
+  log "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
+fi
+
+if has learner; then
+  log "learner bench"
+  ( set -o pipefail
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/learner-gpu/*.whl &&
+    PYTHONPATH=/tmp/site timeout $(( $(left) > 260 ? 240 : $(left) - 20 )) $PY -m learner.bench \
+      --set learner.dtype=bf16 --set learner.zero_stage=1 --set learner.logit_chunk=512 \
+      --set learner.token_budget=16384 model=random-0.5b batch=8 seq=2048 steps=5 transport=fs \
+      --out "$OUT/learner.json" ) > "$OUT/learner.log" 2>&1
+  log "learner rc=$? $(tail -c 600 "$OUT/learner.json" 2>/dev/null)"
+fi
+
+if has evals; then
+  log "sandbox evals"
+  $PY -m sandbox_workers.gpu_proof evals --out "$OUT" --cache /tmp/krl-proof-cache --deadline-s $(( $(left) - 15 )) \
+    ${ONLY:+--only "$ONLY"} 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
+fi
+
+if has cv; then
+  log "timing CV"
+  timeout $(( $(left) - 5 )) $PY -m sandbox_workers.gpu_proof cv --out "$OUT" --example "${CV_EXAMPLE:-cuda_19_relu}" \
+    --repeats "${CV_REPEATS:-5}" 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
+fi
+
+if [ -n "$BENCH_PID" ]; then
+  wait "$BENCH_PID"
+  log "bench compile: $(cat "$OUT/bench_compile.json" 2>/dev/null)"
+fi
+log "done"
