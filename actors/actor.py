@@ -10,6 +10,7 @@ Consumer calls run on one dedicated thread (kafka-python is not thread-safe).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -25,6 +26,7 @@ from actors.offsets import OffsetTracker
 from actors.tools_local import LocalTools
 from actors.tools_remote import RemoteTools
 from actors.workspace import Workspace, single_turn_skill_text, skill_text
+from cluster import metrics
 from cluster.errors import RetriableError
 from schemas import topics as T
 from schemas.messages import Task, Trajectory, new_id
@@ -73,6 +75,7 @@ class Actor:
 
             self.follower = WeightFollower(self.bus, self.cfg, self.policy, self.actor_id, self.weights_root)
             follower_task = asyncio.create_task(self.follower.run(stop), name="weights")
+        pending: collections.deque = collections.deque()  # polled, not yet admitted
         try:
             while not stop.is_set() and self.fatal is None:
                 if max_episodes is not None and self.stats["published"] + len(tasks) >= max_episodes:
@@ -81,21 +84,24 @@ class Actor:
                     await asyncio.wait(tasks, timeout=0.2)
                     continue
                 free = self.cfg.actor.concurrency - len(tasks)
-                if self.follower is not None and self.follower.lag > self.cfg.actor.max_version_lag:
-                    free = 0
-                    self.stats["admission_waits"] += 1
-                # When full, keep polling (group liveness) with the partitions paused.
+                admitted = self._admitted()
+                while admitted and free > 0 and pending:  # admission is decided when an episode starts
+                    rec = pending.popleft()
+                    t = asyncio.create_task(self._episode(rec, consumer), name=f"episode-{rec.offset}")
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                    free -= 1
+                want = free if admitted and not pending else 0
+                # With nothing wanted, keep polling (group liveness) with the partitions paused.
                 try:
-                    recs = await loop.run_in_executor(self._cthread, _poll, consumer, free)
+                    recs = await loop.run_in_executor(self._cthread, _poll, consumer, want)
                 except RetriableError as exc:  # broker away: running episodes go on; poll again later
                     log.warning("task poll failed (%s); retrying", exc)
                     await asyncio.sleep(1.0)
                     continue
                 for rec in recs:
                     self.tracker.delivered(rec)
-                    t = asyncio.create_task(self._episode(rec, consumer), name=f"episode-{rec.offset}")
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
+                    pending.append(rec)
                 if not recs:
                     await asyncio.sleep(0)
         finally:
@@ -108,6 +114,13 @@ class Actor:
         if self.fatal is not None:
             raise self.fatal
         return self.stats["published"]
+
+    def _admitted(self) -> bool:
+        """Admission control: no new episode while the policy lags the newest announced version by > K."""
+        if self.follower is None or self.follower.lag <= self.cfg.actor.max_version_lag:
+            return True
+        self.stats["admission_waits"] += 1
+        return False
 
     async def _drain(self, tasks: set[asyncio.Task]) -> None:
         if not tasks:
@@ -131,12 +144,16 @@ class Actor:
     async def _episode(self, rec: Any, consumer: Any) -> None:
         task: Task = rec.msg
         t0 = time.monotonic()
+        metrics.inc("episodes_in_flight")
         try:
             traj = await self.run_episode(task)
         except PolicyFailure as exc:
             log.error("policy failed; stopping without committing task %s: %s", task.task_id, exc)
             self.fatal = exc
             return
+        finally:
+            metrics.inc("episodes_in_flight", -1)
+        _record_episode(traj, time.monotonic() - t0)
         traj.metadata.update({"task_offset": rec.offset, "task_partition": rec.partition,
                               "episode_s": round(time.monotonic() - t0, 3)})
         self.stats["episodes"] += 1
@@ -155,6 +172,7 @@ class Actor:
                 await loop.run_in_executor(None, lambda: self.producer.send(
                     T.TRAJECTORIES, traj, key=traj.task_id).get(timeout=60))
                 self.stats["published"] += 1
+                metrics.inc("trajectories_published")
                 self.published_tasks.append(traj.task_id)
                 return True
             except Exception as exc:  # noqa: BLE001 - retry any delivery failure, then leave uncommitted
@@ -162,6 +180,21 @@ class Actor:
                 log.warning("publishing trajectory %s failed (attempt %d): %s", traj.episode_id, attempt, exc)
                 await asyncio.sleep(min(2 ** attempt, 10))
         return False
+
+
+REMOTE_TOOLS = ("compile", "verify", "profile")
+
+
+def _record_episode(traj: Trajectory, seconds: float) -> None:
+    """Dashboard numbers of one finished episode (counters, reward histogram, tool latencies)."""
+    metrics.inc("episodes_finished")
+    metrics.inc("generated_tokens", float(traj.loss_mask.sum()))
+    metrics.observe("episode_s", seconds)
+    metrics.bucket("reward", float(traj.reward))
+    for turn in traj.turns:
+        if turn.tool_name in REMOTE_TOOLS:
+            metrics.inc("tool_calls_sent")
+            metrics.observe(f"tool_latency_s.{turn.tool_name}", turn.tool_latency_s)
 
 
 def _poll(consumer: Any, free: int) -> list:

@@ -38,6 +38,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
         self.tok = tokenizer
         self.tools = list(tools or [])
+        self._glue_cache: tuple[str, str] | None = None
         self._template_renders_tools = self._probe_tools()
         self._tool_role = self._probe_tool_role()
 
@@ -89,14 +90,22 @@ class ChatRenderer:
         tools = self.tools if self._template_renders_tools else None
         return self.encode(self._render(msgs, True, tools))
 
+    def _glue(self) -> tuple[str, str]:
+        """(text before, text after) the observation in the template's delta; rendered once."""
+        if self._glue_cache is None:
+            marker = "KRLOBSMARKER5d1e"
+            content = marker if self._tool_role == "tool" else f"<tool_response>\n{marker}\n</tool_response>"
+            full = self._render(self._probe_messages(self._tool_role, content), True)
+            suffix = full[full.rindex(SENTINEL) + len(SENTINEL):]
+            if suffix.count(marker) != 1:
+                raise ValueError("chat template renders the tool observation more than once")
+            self._glue_cache = tuple(suffix.split(marker))
+        return self._glue_cache
+
     def observation_text(self, observation: str, last_token_text: str) -> str:
         """Template text between the generated turn and the next assistant turn."""
-        if self._tool_role == "tool":
-            msg_content = observation
-        else:
-            msg_content = f"<tool_response>\n{observation}\n</tool_response>"
-        full = self._render(self._probe_messages(self._tool_role, msg_content), True)
-        suffix = full[full.rindex(SENTINEL) + len(SENTINEL):]
+        before, after = self._glue()
+        suffix = before + observation + after
         # The engine already produced the end-of-turn token (e.g. <|im_end|>): do not repeat it.
         if last_token_text and suffix.startswith(last_token_text):
             suffix = suffix[len(last_token_text):]

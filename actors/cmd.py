@@ -26,12 +26,16 @@ async def _main(args, cfg) -> int:
     import signal
 
     from actors.actor import Actor
+    from actors.agent import PolicyFailure
     from actors.policy import make_policy
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    from cluster import metrics
+
+    metrics.serve_from_env("actor", policy=cfg.actor.policy)
     model = resolve_model(cfg, args.model)
     policy = await make_policy(cfg, model)
     try:
@@ -39,7 +43,15 @@ async def _main(args, cfg) -> int:
         await loop.run_in_executor(None, actor.bus.ensure_topics)
         log.info("actor %s up: policy %s, model %s, concurrency %d", actor.actor_id, policy.name, model,
                  cfg.actor.concurrency)
-        published = await actor.run(stop, max_episodes=args.max_episodes or None)
+        try:
+            published = await actor.run(stop, max_episodes=args.max_episodes or None)
+        except PolicyFailure:
+            if not stop.is_set():
+                raise
+            # SIGTERM sent to our whole process group also stopped vLLM's engine processes: the
+            # episodes it cut short stay uncommitted (redelivered); this is a clean stop.
+            log.info("actor %s: engine stopped with the actor; unfinished tasks left uncommitted", actor.actor_id)
+            published = actor.stats["published"]
         log.info("actor %s stopped: %d trajectories, stats %s", actor.actor_id, published, actor.stats)
         await loop.run_in_executor(None, actor.client.close)
         await loop.run_in_executor(None, actor.bus.close)

@@ -18,6 +18,8 @@ from cluster.errors import RetriableError
 from schemas import topics as T
 from schemas.messages import WeightAnnouncement
 
+from cluster import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -96,4 +98,7 @@ class WeightFollower:
         ms = await self.policy.swap_weights(str(folder), ann.version)
         self.gate.mark_applied(ann.version)
         self.applied.append({"version": ann.version, "swap_ms": ms})
+        metrics.inc("weight_versions_applied")
+        metrics.set_gauge("weight_version", ann.version)
+        metrics.observe("swap_ms", ms)
         return True

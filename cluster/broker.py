@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from cluster.broker_fetch import _require, fetch, fetched, kafka_home  # noqa: F401 (re-exported)
+from cluster.procs import die_with_parent
 from cluster.errors import RetriableError, SetupError
 
 log = logging.getLogger(__name__)
@@ -253,13 +254,6 @@ def _tail(path: Path, n: int = 30) -> str:
 _CHILDREN: dict[int, subprocess.Popen] = {}  # brokers started by this process: reaped on stop
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the broker when the process that started it dies (Linux prctl)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def start(cfg, tie_to_parent: bool = False) -> dict:
     """Start the broker (daemonized) unless it runs already; wait until it serves requests.
 
@@ -284,7 +278,7 @@ def start(cfg, tie_to_parent: bool = False) -> dict:
     with open(logfile, "ab") as out, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=sdir,
-                                preexec_fn=_die_with_parent if tie_to_parent else None)
+                                preexec_fn=die_with_parent if tie_to_parent else None)
     _CHILDREN[proc.pid] = proc
     state = {"pid": proc.pid, "port": port, "controller_port": cport, "host": cfg.broker.host,
              "bootstrap": f"{cfg.broker.host}:{port}", "version": cfg.broker.kafka_version,

@@ -221,11 +221,15 @@ class Consumer:
         self._committed: dict = {}
         self._skipped: dict = {}
         client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
-        self._c = KafkaConsumer(**consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides))
+        self._kwargs = consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides)
+        self._topics = [bus.topic(t) for t in topics]
+        self._unstable_since: float | None = None
+        self.rebuilds = 0
+        self._c = KafkaConsumer(**self._kwargs)
         if assign is not None:
             self._c.assign([TopicPartition(bus.topic(t), p) for t, p in assign])
         else:
-            self._c.subscribe([bus.topic(t) for t in topics], listener=_Listener(self))
+            self._c.subscribe(self._topics, listener=_Listener(self))
 
     @property
     def kafka(self):
@@ -243,6 +247,7 @@ class Consumer:
             batches = self._c.poll(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             raise BusError(f"poll failed: {type(exc).__name__}: {exc}") from exc
+        self._watch_membership()
         out: list[Received] = []
         for tp, records in batches.items():
             for r in records:
@@ -334,6 +339,42 @@ class Consumer:
             self._delivered_hi.pop(tp, None)
             self._committed.pop(tp, None)
             self._skipped.pop(tp, None)
+
+    def _watch_membership(self) -> None:
+        """Rebuild the client when its group membership never settles.
+
+        kafka-python 3.0.12 can lose a SyncGroup reply when two groups rebalance in one
+        process at the same moment: the member then waits forever with no partitions
+        while the broker expires it. A member not stable for several session timeouts
+        is recreated (nothing was assigned to it, so nothing is lost or committed).
+        """
+        import time
+
+        from kafka.structs import MemberState
+
+        coord = getattr(self._c, "_coordinator", None)
+        if self.group_id is None or coord is None or getattr(coord, "state", None) is MemberState.STABLE:
+            self._unstable_since = None
+            return
+        now = time.monotonic()
+        if self._unstable_since is None:
+            self._unstable_since = now
+            return
+        limit = max(30.0, 3 * self.bus.cfg.bus.session_timeout_ms / 1000)
+        if now - self._unstable_since < limit or self._c.assignment():
+            return
+        from kafka import KafkaConsumer
+
+        log.warning("consumer of %s in group %s not stable for %.0fs: rebuilding the client",
+                    self._topics, self.group_id, now - self._unstable_since)
+        try:
+            self._c.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - the stuck client may fail to close; it is dropped anyway
+            log.warning("closing the stuck consumer: %s", exc)
+        self._c = KafkaConsumer(**self._kwargs)
+        self._c.subscribe(self._topics, listener=_Listener(self))
+        self._unstable_since = None
+        self.rebuilds += 1
 
     def close(self) -> None:
         """Leave the group (partitions move to the others at once) without committing."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import random
 import signal
 import threading
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from cluster import report as report_mod
-from cluster.config import Config, cache_path, dump_toml
+from cluster.config import ENV_PREFIX, Config, cache_path, dump_toml
 from cluster.dashboard import Dashboard
 from cluster.supervisor import RoleSpec, Supervisor, kernelrl_argv
 
@@ -130,7 +131,10 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
         bus.ensure_topics()
         tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
         feeder = Feeder(bus, tasks, _gates(bus, child)).start()
-        sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")))
+        # The written config is fully resolved (env and --set included): children must not
+        # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+        sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env)
         for spec in _roles(child):
             sup.add(spec)
         snaps = _watch(sup, bus, feeder, child, stop, chaos_every_s, Dashboard(every_s=2.0 if dashboard else 10.0))

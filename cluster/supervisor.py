@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from cluster.procs import die_with_parent
+
 log = logging.getLogger(__name__)
 
 
@@ -77,7 +79,7 @@ class Supervisor:
         logf.write(f"\n=== start {rp.starts + 1} at {time.strftime('%H:%M:%S')}: {rp.spec.argv}\n".encode())
         logf.flush()
         rp.proc = subprocess.Popen(self.base_argv + rp.spec.argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         logf.close()
         rp.starts += 1
         log.info("started %s (pid %d)", rp.spec.name, rp.proc.pid)
@@ -125,9 +127,9 @@ class Supervisor:
         """SIGTERM every role, wait up to each role's grace (or ``grace_s``), SIGKILL the rest."""
         self.stopping = True
         for rp in self.roles.values():
-            if rp.alive:
+            if rp.alive:  # the role itself, not its group: it stops its own children in order
                 try:
-                    os.killpg(rp.proc.pid, signal.SIGTERM)
+                    os.kill(rp.proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         t0 = time.time()
@@ -144,6 +146,12 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
                 rp.proc.wait()
+        for rp in self.roles.values():  # sweep what a role left behind in its process group
+            if rp.proc is not None:
+                try:
+                    os.killpg(rp.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def kernelrl_argv(config_path: str | None = None) -> list[str]:

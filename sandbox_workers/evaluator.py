@@ -210,7 +210,7 @@ class Evaluator:
     def _runtime_kwargs(self) -> dict:
         if self.backend == "cpu":
             return {"flush_mb": self.sb.cpu_flush_mb, "threads": self.sb.cpu_threads}
-        return {"flush_mb": self.sb.cuda_flush_mb}
+        return {"flush_mb": self.sb.cuda_flush_mb, "lead_us": self.sb.cuda_lead_us}
 
     # ------------------------------------------------------------------ result
     def _assemble(self, res: dict, ref: dict, cand: dict, timing: bool) -> None:

@@ -33,11 +33,8 @@ EXAMPLES = ROOT / "skills" / "examples"
 SHAPES: dict[str, dict] = {
     "cuda_19_relu": {"batch_size": 4096, "dim": 16384},
     "cuda_23_softmax": {"batch_size": 4096, "dim": 16384},
-    "cuda_12_Gemm_Multiply_LeakyReLU": {},
     "cuda_47_sum_reduction": {"batch_size": 4},
     "cuda_94_MSELoss": {"batch_size": 2048},
-    "cuda_1_square_matmul": {},
-    "cuda_99_Matmul_GELU_Softmax": {},
     "cuda_40_LayerNorm": {},
     "cuda_21_sigmoid": {"batch_size": 4096, "dim": 16384},
     "cuda_26_gelu": {"batch_size": 4096, "dim": 16384},
@@ -45,6 +42,9 @@ SHAPES: dict[str, dict] = {
     "cuda_36_RMSNorm": {"batch_size": 4},
     "cuda_76_Gemm_Add_ReLU": {},
     "cuda_9_Matmul_Subtract_Multiply_ReLU": {},
+    "cuda_12_Gemm_Multiply_LeakyReLU": {},
+    "cuda_1_square_matmul": {},
+    "cuda_99_Matmul_GELU_Softmax": {},
 }
 
 

@@ -253,7 +253,8 @@ def _time(model, get_inputs, trials, runtime, spec, rec, rng) -> dict:
     if getattr(runtime, "wall_over_event", None):
         ratios = sorted(runtime.wall_over_event)
         stats["wall_over_event_median"] = ratios[len(ratios) // 2]
-        # Work hidden on another stream finishes after the timed stream's end event.
-        if stats["median_s"] * stats["batch"] > 1e-4 and stats["wall_over_event_median"] > 4.0:
+        # Work hidden on another stream finishes after the timed stream's end event. Honest calls measured
+        # 0.94-1.05 on the H200 (11 tasks, docs/oracle-gpu.md), the wall time being net of flush + lead.
+        if stats["median_s"] * stats["batch"] > 1e-4 and stats["wall_over_event_median"] > 2.0:
             rec.add(guards.SIDE_STREAM, f"wall time is {stats['wall_over_event_median']:.1f}x the event time")
     return stats

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU proof of the reward oracle and the learner in one device session (docs/oracle-gpu.md,
 # docs/learner-gpu.md). Run from the repo root on the GPU machine:
-#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner evals cv (default: all)
+#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner cv evals (default: all)
 # Environment: OUT (results folder), BUDGET_S (seconds for the whole script), ONLY (examples for `evals`),
 # CV_EXAMPLE / CV_REPEATS (for `cv`). Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
 # learner.log,evals.jsonl,cv.jsonl,proof.log}.
@@ -15,7 +15,7 @@ T0=$(date +%s)
 BUDGET=${BUDGET_S:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/proof.log"; }
-phases=${*:-env pytest bench learner evals cv}
+phases=${*:-env pytest bench learner cv evals}
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 if has env; then
@@ -57,16 +57,16 @@ if has learner; then
   log "learner rc=$? $(tail -c 600 "$OUT/learner.json" 2>/dev/null)"
 fi
 
-if has evals; then
-  log "sandbox evals"
-  $PY -m sandbox_workers.gpu_proof evals --out "$OUT" --cache /tmp/krl-proof-cache --deadline-s $(( $(left) - 15 )) \
-    ${ONLY:+--only "$ONLY"} 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
-fi
-
 if has cv; then
   log "timing CV"
   timeout $(( $(left) - 5 )) $PY -m sandbox_workers.gpu_proof cv --out "$OUT" --example "${CV_EXAMPLE:-cuda_19_relu}" \
     --repeats "${CV_REPEATS:-5}" 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
+fi
+
+if has evals; then
+  log "sandbox evals"
+  $PY -m sandbox_workers.gpu_proof evals --out "$OUT" --cache /tmp/krl-proof-cache --deadline-s $(( $(left) - 15 )) \
+    ${ONLY:+--only "$ONLY"} 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
 fi
 
 if [ -n "$BENCH_PID" ]; then

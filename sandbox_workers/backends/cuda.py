@@ -117,15 +117,23 @@ class CudaBuilder(Builder):
 class CudaRuntime(Runtime):
     """CUDA events on the current stream, an L2-sized buffer zeroed before each trial.
 
+    The events measure GPU time, not the host's launch path: no synchronise between
+    the flush and the start event, plus a GPU spin of `lead_us` queued after the
+    flush, so the host enqueues the call (Python forward, argument checks, dynamo's
+    guards for the torch.compile baseline) while the GPU is still busy. Measured on
+    the H200 (docs/oracle-gpu.md): with a synchronise there, a 0.17 ms kernel's
+    within-run CV was 0.13-0.19 (host jitter of the Python call); flush-only
+    overlap left a bimodal tail whenever the host path outlasted the ~70 us flush.
     Short calls are timed as a batch of back-to-back launches per trial (set by
-    Runtime.time_callable). Each trial also records host wall time after a full
-    device synchronise; `side_stream_ratio` compares the two so work hidden on
-    another stream (event time << wall time) is caught.
+    Runtime.time_callable). Each trial also records host wall time between two full
+    device synchronisations, less the flush + spin's own time; `wall_over_event`
+    compares the two so work hidden on another stream (event time << wall time) is
+    caught.
     """
 
     device = "cuda"
 
-    def __init__(self, flush_mb: int = 256, threads: int = 0):
+    def __init__(self, flush_mb: int = 256, threads: int = 0, lead_us: int = 200):
         import torch
 
         self._torch = torch
@@ -137,34 +145,52 @@ class CudaRuntime(Runtime):
         self._sync = torch.cuda.synchronize
         self._clock = time.perf_counter
         self.wall_over_event: list[float] = []
+        # ~2 GHz SM clock on Hopper: cycles per microsecond of lead (an unlocked, idle clock spins longer)
+        self._spin = getattr(torch.cuda, "_sleep", None)  # torch's own spin kernel (cycles)
+        self.lead_cycles = max(0, int(lead_us)) * 2000 if self._spin is not None else 0
+        self.flush_s = self._time_flush()
+
+    def _time_flush(self) -> float:
+        """Median host wall time of sync + flush (+ spin) + sync, subtracted from each trial's wall time."""
+        samples = []
+        for _ in range(12):  # the first ones run while the SM clock ramps up from idle: dropped
+            self._sync()
+            t0 = self._clock()
+            self.flush()
+            self._sync()
+            samples.append(self._clock() - t0)
+        return sorted(samples[5:])[3]
 
     def sync(self) -> None:
         self._sync()
 
     def flush(self) -> None:
         self._buf.zero_()
+        if self.lead_cycles:
+            self._spin(self.lead_cycles)
 
     def time_batch(self, fn, batch: int) -> float:
-        self.flush()
         start, end = self._Event(enable_timing=True), self._Event(enable_timing=True)
         self._sync()
         w0 = self._clock()
+        self.flush()  # no sync here: the host enqueues the call while the GPU flushes
         start.record()
         for _ in range(batch):
             fn()
         end.record()
         self._sync()
-        wall = self._clock() - w0
+        wall = self._clock() - w0 - self.flush_s
         ev = start.elapsed_time(end) / 1000.0
         if ev > 0:
-            self.wall_over_event.append(wall / ev)
+            self.wall_over_event.append(max(wall, 0.0) / ev)
         return ev
 
     def device_name(self) -> str:
         return self._torch.cuda.get_device_name()
 
     def clock_info(self) -> dict:
-        info = {"flush_bytes": self.flush_bytes, "host_cpu": cpu_model()}
+        info = {"flush_bytes": self.flush_bytes, "flush_s": self.flush_s, "lead_cycles": self.lead_cycles,
+                "host_cpu": cpu_model()}
         try:
             import pynvml
 

@@ -156,3 +156,23 @@ def test_dead_engine_stops_the_actor_without_committing(aloop, tokenizer, make_c
         actor.client.close()
     assert actor.stats["published"] == 0
     assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1  # the task waits for a healthy actor
+
+
+def test_vllm_actor_sigterm_to_its_process_group(tiny_model, make_cfg, spawn, tmp_path):
+    """The supervisor's SIGTERM reaches vLLM's engine processes too: the cut episode stays uncommitted."""
+    cfg = _actor_cfg(make_cfg, tmp_path, policy="vllm", max_turns=500, max_new_tokens=64, max_context_tokens=16384,
+                     kv_cache_mb=64)
+    _publish_tasks(cfg, [relu_task("long-vllm")])
+    log = open(tmp_path / "actor.log", "wb")
+    a = spawn(KERNELRL + ["-v", "actor", "--id", "actor-v", "--model", tiny_model], env=cfg_env(cfg),
+              stdout=log, stderr=log)
+    ws = tmp_path / "ws"
+    deadline = time.monotonic() + 180
+    while not (ws.is_dir() and any(ws.iterdir())):
+        assert a.poll() is None and time.monotonic() < deadline, (tmp_path / "actor.log").read_text()[-3000:]
+        time.sleep(0.1)
+    time.sleep(1.0)
+    signal_group(a, signal.SIGTERM)
+    assert a.wait(60) == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1
+    assert _read_trajectories(cfg, 1, timeout_s=2) == []

@@ -37,6 +37,7 @@ def _check_invariants(rep, steps):
     assert all(os.path.exists(p) for p in rep["plots"])
 
 
+@pytest.mark.timeout(1200)
 def test_up_vllm_end_to_end(cfg, tmp_path):
     proc, rep = _up(cfg, tmp_path, "--max-steps", "2", "--policy", "vllm")
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -27,8 +27,10 @@ KRL_OP(relu_f32, "const f32* x, f32* y, i64 n, stream")
 HONEST = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);")
 WRONG = relu_cu("  if (i < n) y[i] = 2.f * x[i];")
 INPUT_MUTATION = relu_cu("  if (i < n) { y[i] = fmaxf(x[i], 0.f); ((float*)x)[i] = 0.f; }")
-ILLEGAL_ADDRESS = relu_cu("  if (i < n) { float* p = nullptr; p[i * 1024] = x[i]; y[i] = x[i]; }")
-HANG = relu_cu("  volatile int spin = 1; while (spin) { }")
+# A store 256 GB past the output (a null-pointer store is undefined behaviour that nvcc deletes; seen on the H200).
+ILLEGAL_ADDRESS = relu_cu("  if (i < n) { y[i + ((int64_t)1 << 36)] = x[i]; y[i] = fmaxf(x[i], 0.f); }")
+# Spins on a volatile global read that never changes (a side-effect-free loop is deleted by nvcc; seen on the H200).
+HANG = relu_cu("  volatile const float* vx = x;\n  while (vx[0] == vx[0]) { }\n  if (i < n) y[i] = fmaxf(x[i], 0.f);")
 # replays a saved result when called again with the same input pointer
 CACHING = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);", extra="static const float* g_last = nullptr;")
 SIDE_STREAM = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);",
@@ -58,10 +60,10 @@ SKIP_WHEN_TIMED = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);", extra="static
 SKIP_WHEN_TIMED["kernels/relu.cu"] = SKIP_WHEN_TIMED["kernels/relu.cu"].replace(
     "  relu_kernel<<<", "  if (++g_calls > 12) return;\n  relu_kernel<<<")
 
-# Does the work on the stream it was given, plus ~1 ms of spinning per launch: launched from Python on a
+# Does the work on the stream it was given, plus ~2 ms of spinning per launch: launched from Python on a
 # side stream (see test_gpu_cuda.py), the timed stream's events see almost nothing of it.
 SLOW_RELU = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);\n"
-                    "  long long t0 = clock64();\n  while (clock64() - t0 < 2000000) { }")
+                    "  long long t0 = clock64();\n  while (clock64() - t0 < 4000000) { }")
 
 # Built by nvcc in CI (test_cuda_build.py); run on the GPU by the gpu-marked tests.
 COMPILABLE = {"honest": HONEST, "wrong": WRONG, "input_mutation": INPUT_MUTATION,

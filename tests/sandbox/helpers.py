@@ -12,9 +12,22 @@ def kernelbench_dir() -> Path:
     return Path(os.environ.get("KERNELRL_KERNELBENCH") or ROOT.parent / "shared" / "kernelbench")
 
 
+# Verbatim copies shipped with the examples, used where ../shared/kernelbench is absent (the GPU
+# machine gets only the repository); test_cuda_build.py checks they still equal the originals.
+EXAMPLE_COPIES = {"level1/19_ReLU.py": "cuda_19_relu",
+                  "level2/12_Gemm_Multiply_LeakyReLU.py": "cuda_12_Gemm_Multiply_LeakyReLU"}
+
+
+def task_path(rel: str) -> Path:
+    p = kernelbench_dir() / rel
+    if not p.is_file() and rel in EXAMPLE_COPIES:
+        return ROOT / "skills" / "examples" / EXAMPLE_COPIES[rel] / "model.py"
+    return p
+
+
 def shrunk_task(rel: str, **consts) -> str:
     """A KernelBench task's source with module-level shape constants replaced (e.g. batch_size=8)."""
-    src = (kernelbench_dir() / rel).read_text()
+    src = task_path(rel).read_text()
     for name, value in consts.items():
         src, n = re.subn(rf"^{name}\s*=.*$", f"{name} = {value!r}", src, flags=re.M)
         assert n == 1, f"{rel}: constant {name} not found"

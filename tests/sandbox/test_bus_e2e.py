@@ -26,6 +26,7 @@ def _wait_assigned(bus, group: str, topic: str, timeout: float = 60.0) -> None:
     from cluster.bus_clients import admin_kwargs
 
     admin = KafkaAdminClient(**admin_kwargs(bus.cfg, "sbx-test-admin", bus.bootstrap))
+    group = bus.group(group)  # groups carry the topic prefix (like topics)
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -100,3 +100,11 @@ def test_cuda_examples_cover_ten_tasks():
     assert len(EXAMPLES) >= 10, [e.name for e in EXAMPLES]
     for d in EXAMPLES:
         assert (d / "model.py").is_file() and (d / "model_new.py").is_file() and list((d / "kernels").glob("*.cu")), d
+
+
+def test_example_task_copies_are_verbatim():
+    # the GPU tests read these copies when ../shared/kernelbench is not there
+    from tests.sandbox.helpers import EXAMPLE_COPIES, kernelbench_dir
+
+    for rel, example in EXAMPLE_COPIES.items():
+        assert (ROOT / "skills" / "examples" / example / "model.py").read_text() == (kernelbench_dir() / rel).read_text()

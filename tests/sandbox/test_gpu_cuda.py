@@ -152,10 +152,13 @@ def test_side_stream_static_cuda(cuda_ev, task):
 
 
 def test_side_stream_runtime_cuda(cuda_nostatic, task):
-    # the kernel runs on a side stream: the timed stream's events see almost none of its ~1 ms
-    body = ("        s = torch.cuda.Stream()\n        y = torch.empty_like(x)\n"
-            "        with torch.cuda.stream(s):\n            ops.relu_f32(x, y, x.numel())\n        return y")
-    rejected(cuda_nostatic.evaluate(task, _forward(body, kernel=cuda_cases.SLOW_RELU), mode="both"), "side_stream")
+    # the kernel runs on one side stream: the timed stream's events see almost none of its ~2 ms per call.
+    # (A fresh torch.cuda.Stream() per call rotates through torch's pool of 32 streams, so the hidden
+    # kernels overlap ~8-fold and the wall/event ratio fell to ~4 on the H200: below the old threshold.)
+    body = ("        y = torch.empty_like(x)\n"
+            "        with torch.cuda.stream(self.s):\n            ops.relu_f32(x, y, x.numel())\n        return y")
+    sol = _forward(body, init="        self.s = torch.cuda.Stream()", kernel=cuda_cases.SLOW_RELU)
+    rejected(cuda_nostatic.evaluate(task, sol, mode="both"), "side_stream")
 
 
 def test_threads_runtime_cuda(cuda_nostatic, task):
