@@ -13,6 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", help="run report path (JSON; PNG plots beside it)")
     p.add_argument("--actors", type=int, help="number of actor processes")
     p.add_argument("--compile-workers", type=int, help="number of compile workers")
+    p.add_argument("--scripted-actors", type=int, help="extra actors replaying compile/verify/finish (tool traffic)")
     p.add_argument("--tasks", help="folder of task files (default: the built-in task set)")
     p.add_argument("--chaos", type=float, default=0.0, metavar="SECONDS",
                    help="kill a random role with SIGKILL every ~SECONDS (fault injection; 0 = off)")
@@ -26,6 +27,7 @@ def run(args, cfg) -> int:
     for flag, path in (("backend", "sandbox.backend"), ("policy", "actor.policy"), ("max_steps", "cluster.max_steps"),
                        ("duration", "cluster.duration_s"), ("report", "cluster.report_path"),
                        ("actors", "cluster.actors"), ("compile_workers", "cluster.compile_workers"),
+                       ("scripted_actors", "cluster.scripted_actors"),
                        ("tasks", "cluster.task_dir")):
         value = getattr(args, flag)
         if value is not None:

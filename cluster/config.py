@@ -218,6 +218,7 @@ class ClusterConfig:
     duration_s: float = 0.0
     report_path: str = "kernelrl-report.json"
     log_dir: str = ""  # default: <cache_dir>/logs
+    scripted_actors: int = 0  # extra actors replaying a compile/verify/finish script (tool traffic; not trained on)
     isolate_runs: bool = True  # each `kernelrl up` run gets its own topic prefix (<prefix><run id>.)
 
 

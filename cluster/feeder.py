@@ -79,7 +79,7 @@ class Feeder:
                     if self.stop_event.is_set() or (self.limit and self.published >= self.limit):
                         return
                     item = Task(task_id=f"{task.name}@{r}", model_py=task.model_py, backend=task.backend,
-                                level=task.level, name=task.name, source=task.source)
+                                level=task.level, name=task.name, source=task.source, metadata=task.metadata)
                     producer.send(topics.TASKS, item, key=item.task_id)
                     producer.flush()
                     self.published += 1

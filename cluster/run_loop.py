@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 ACTOR_GROUP = "actors"
 TINY_MAX_TURNS, TINY_MAX_NEW_TOKENS, TINY_BATCH = 4, 64, 4
+DEMO_SCRIPT = ('<tool_call>{"name": "compile", "arguments": {}}</tool_call>',
+               '<tool_call>{"name": "verify", "arguments": {}}</tool_call>',
+               '<tool_call>{"name": "finish", "arguments": {}}</tool_call>')
 
 
 def _builtin_tasks() -> Path:
@@ -71,6 +74,8 @@ def _roles(cfg: Config) -> list[RoleSpec]:
     else:
         specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", "cpu"]) for i in range(n_eval)]
     specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"]) for i in range(c.actors)]
+    specs += [RoleSpec(f"actor-scripted-{i}", ["--set", "actor.policy=scripted", "actor", "--id", f"actor-scripted-{i}"])
+              for i in range(c.scripted_actors)]
     specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=300.0))
     return specs
 
@@ -78,7 +83,7 @@ def _roles(cfg: Config) -> list[RoleSpec]:
 def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:
     from schemas import topics
 
-    in_flight = max(2, cfg.actor.concurrency * cfg.cluster.actors)
+    in_flight = max(2, cfg.actor.concurrency * (cfg.cluster.actors + cfg.cluster.scripted_actors))
     ahead = cfg.learner.batch_trajectories * (cfg.learner.max_staleness + 1)
     return [(bus.group(ACTOR_GROUP), topics.TASKS, in_flight),
             (bus.group("learner"), topics.TRAJECTORIES, max(ahead - in_flight, cfg.learner.batch_trajectories))]
@@ -130,6 +135,8 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
         bus = Bus(child, client_id="kernelrl-up")
         bus.ensure_topics()
         tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
+        for t in tasks:  # read by scripted actors only: real tool traffic through the workers
+            t.metadata["scripted_turns"] = list(DEMO_SCRIPT)
         feeder = Feeder(bus, tasks, _gates(bus, child)).start()
         # The written config is fully resolved (env and --set included): children must not
         # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).

@@ -39,14 +39,16 @@ def _check_invariants(rep, steps):
 
 @pytest.mark.timeout(1200)
 def test_up_vllm_end_to_end(cfg, tmp_path):
-    proc, rep = _up(cfg, tmp_path, "--max-steps", "2", "--policy", "vllm")
+    proc, rep = _up(cfg, tmp_path, "--max-steps", "2", "--policy", "vllm", "--scripted-actors", "1")
     assert proc.returncode == 0, proc.stderr[-4000:]
     _check_invariants(rep, 2)
     assert rep["weight_versions_applied_min"] >= 1  # every actor hot-swapped at least once
+    assert rep["tool_calls_sent"] >= 2  # the scripted actor's compile/verify went through the workers
 
 
-@pytest.mark.slow
-def test_up_scripted_under_chaos(cfg, tmp_path):
-    proc, rep = _up(cfg, tmp_path, "--max-steps", "3", "--policy", "scripted", "--actors", "2", "--chaos", "15")
-    assert sum(rep["chaos_kills"].values()) >= 1
+@pytest.mark.timeout(1200)
+def test_up_under_chaos_loses_nothing(cfg, tmp_path):
+    proc, rep = _up(cfg, tmp_path, "--max-steps", "3", "--policy", "vllm", "--scripted-actors", "1", "--chaos", "12")
+    assert sum(rep["chaos_kills"].values()) >= 2, rep["chaos_kills"]
     _check_invariants(rep, 3)
+    assert rep["tool_calls_sent"] >= 2

@@ -61,9 +61,19 @@ SKIP_WHEN_TIMED["kernels/relu.cu"] = SKIP_WHEN_TIMED["kernels/relu.cu"].replace(
     "  relu_kernel<<<", "  if (++g_calls > 12) return;\n  relu_kernel<<<")
 
 # Does the work on the stream it was given, plus ~2 ms of spinning per launch: launched from Python on a
-# side stream (see test_gpu_cuda.py), the timed stream's events see almost nothing of it.
+# side stream (see test_gpu_cuda.py), the timed stream's events see almost nothing of it. `spin_f32`
+# (one block spinning `cycles`) gives the timed stream ~50 us of its own, so the oracle times a few
+# calls per trial rather than a batch of 1000 launches queued behind the hidden work.
+_SPIN = """
+__global__ void spin_kernel(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+}
+extern "C" void spin_f32(int64_t cycles, cudaStream_t stream) { spin_kernel<<<1, 32, 0, stream>>>(cycles); }
+KRL_OP(spin_f32, "i64 cycles, stream")
+"""
 SLOW_RELU = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);\n"
-                    "  long long t0 = clock64();\n  while (clock64() - t0 < 4000000) { }")
+                    "  long long t0 = clock64();\n  while (clock64() - t0 < 4000000) { }", extra=_SPIN)
 
 # Built by nvcc in CI (test_cuda_build.py); run on the GPU by the gpu-marked tests.
 COMPILABLE = {"honest": HONEST, "wrong": WRONG, "input_mutation": INPUT_MUTATION,

@@ -154,8 +154,8 @@ def test_side_stream_static_cuda(cuda_ev, task):
 def test_side_stream_runtime_cuda(cuda_nostatic, task):
     # the kernel runs on one side stream: the timed stream's events see almost none of its ~2 ms per call.
     # (A fresh torch.cuda.Stream() per call rotates through torch's pool of 32 streams, so the hidden
-    # kernels overlap ~8-fold and the wall/event ratio fell to ~4 on the H200: below the old threshold.)
-    body = ("        y = torch.empty_like(x)\n"
+    # kernels overlapped and the wall/event ratio stayed under the old threshold of 4 on the H200.)
+    body = ("        y = torch.empty_like(x)\n        ops.spin_f32(100000)\n"
             "        with torch.cuda.stream(self.s):\n            ops.relu_f32(x, y, x.numel())\n        return y")
     sol = _forward(body, init="        self.s = torch.cuda.Stream()", kernel=cuda_cases.SLOW_RELU)
     rejected(cuda_nostatic.evaluate(task, sol, mode="both"), "side_stream")
