@@ -85,8 +85,12 @@ def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:
 
     in_flight = max(2, cfg.actor.concurrency * (cfg.cluster.actors + cfg.cluster.scripted_actors))
     ahead = cfg.learner.batch_trajectories * (cfg.learner.max_staleness + 1)
-    return [(bus.group(ACTOR_GROUP), topics.TASKS, in_flight),
-            (bus.group("learner"), topics.TRAJECTORIES, max(ahead - in_flight, cfg.learner.batch_trajectories))]
+    gates = [(bus.group(ACTOR_GROUP), topics.TASKS, in_flight)]
+    if not cfg.cluster.scripted_actors:
+        # Scripted trajectories are never trained on (no log-probs), so with scripted actors
+        # a trajectory backlog could fill up with them and starve the trainable ones.
+        gates.append((bus.group("learner"), topics.TRAJECTORIES, max(ahead - in_flight, cfg.learner.batch_trajectories)))
+    return gates
 
 
 class _Stop:
