@@ -70,21 +70,35 @@ class Feeder:
         from cluster.bus_lag import group_lag
 
         producer = self.bus.producer()
-        rounds = itertools.count()
         try:
-            for r in rounds:
+            for r in itertools.count():
                 for task in self.tasks:
-                    while not self.stop_event.is_set() and not self._open(group_lag):
-                        self.stop_event.wait(0.5)
-                    if self.stop_event.is_set() or (self.limit and self.published >= self.limit):
-                        return
                     item = Task(task_id=f"{task.name}@{r}", model_py=task.model_py, backend=task.backend,
                                 level=task.level, name=task.name, source=task.source, metadata=task.metadata)
-                    producer.send(topics.TASKS, item, key=item.task_id)
-                    producer.flush()
-                    self.published += 1
-        except Exception:  # noqa: BLE001 - a dead feeder must be loud, not silent
-            log.exception("task feeder failed")
-            raise
+                    if not self._publish(producer, item, group_lag):
+                        return
         finally:
             producer.close()
+
+    def _publish(self, producer, item: Task, group_lag) -> bool:
+        """Wait for the gates, then publish ``item``; retries until it is acked or we stop.
+
+        Right after topic creation the cluster's metadata may lag, and a broker may be
+        restarting: both are transient, so the feeder waits them out instead of dying
+        (a dead feeder would stall the whole run)."""
+        backoff = 0.5
+        while not self.stop_event.is_set():
+            if self.limit and self.published >= self.limit:
+                return False
+            try:
+                if not self._open(group_lag):
+                    self.stop_event.wait(0.5)
+                    continue
+                producer.send(topics.TASKS, item, key=item.task_id).get(timeout=30)
+                self.published += 1
+                return True
+            except Exception as exc:  # noqa: BLE001 - any failure here is retried; the run must not stall
+                log.warning("task feeder: %s: %s; retrying in %.1fs", type(exc).__name__, exc, backoff)
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+        return False
