@@ -33,8 +33,14 @@ def durable_invariants(bus, actor_group: str) -> dict:
     steps = _records(bus, topics.LEARNER_LOG)
     tasks = _records(bus, topics.TASKS)
     weights = _records(bus, topics.WEIGHTS)
-    requests = _records(bus, topics.TOOL_COMPILE) + _records(bus, topics.evaluate_topic("cpu")) \
-        + _records(bus, topics.evaluate_topic("cuda"))
+    # A request is lost only if its worker group moved past it without any reply: one
+    # still uncommitted when the run stopped is durable and will be served on restart.
+    requests = []
+    for topic, group in ((topics.TOOL_COMPILE, "compile-workers"),
+                         (topics.evaluate_topic("cpu"), "eval-workers-cpu"),
+                         (topics.evaluate_topic("cuda"), "eval-workers-cuda")):
+        done = committed_offsets(bus, bus.group(group), topic)
+        requests += [(r, r.offset < done.get(r.partition, 0)) for r in _records(bus, topic)]
     replies = _records(bus, topics.TOOL_REPLIES)
 
     episodes = {r.msg.episode_id: r.msg for r in traj}
@@ -43,7 +49,8 @@ def durable_invariants(bus, actor_group: str) -> dict:
     consumed_tasks = {r.msg.task_id for r in tasks if r.offset < committed.get(r.partition, 0)}
     trained = Counter(eid for r in steps for eid in r.msg.episode_ids)
     dropped = {eid for r in steps for eid in r.msg.dropped_stale}
-    req_ids = {r.msg.header.request_id for r in requests}
+    req_ids = {r.msg.header.request_id for r, _ in requests}
+    consumed_req_ids = {r.msg.header.request_id for r, consumed in requests if consumed}
     reply_ids = {r.msg.request_id for r in replies}
     rewards = Counter(str(float(t.reward)) for t in episodes.values())
     return {
@@ -57,7 +64,8 @@ def durable_invariants(bus, actor_group: str) -> dict:
         "trajectories_lost": len(consumed_tasks - traj_tasks),
         "tasks_consumed": len(consumed_tasks),
         "tool_calls_sent": len(req_ids),
-        "tool_calls_lost": len(req_ids - reply_ids),
+        "tool_calls_lost": len(consumed_req_ids - reply_ids),
+        "tool_calls_pending_at_stop": len(req_ids - consumed_req_ids - reply_ids),
         "weight_versions_published": len({r.msg.version for r in weights}),
         "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: float(kv[0]))),
         "learner_curve": [{"step": r.msg.step, **{k: v for k, v in r.msg.metrics.items()
@@ -78,7 +86,7 @@ def role_throughput(snaps: dict[str, dict]) -> dict:
 
 def applied_min(snaps: dict[str, dict]) -> int:
     vals = [s.get("counters", {}).get("weight_versions_applied", 0) for r, s in snaps.items()
-            if r.startswith("actor") and s]
+            if r.startswith("actor") and s and s.get("info", {}).get("policy") != "scripted"]
     return int(min(vals)) if vals else 0
 
 
