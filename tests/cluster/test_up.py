@@ -13,7 +13,7 @@ FAST = ["--set", "actor.max_turns=3", "--set", "actor.max_new_tokens=48", "--set
         "--set", "learner.batch_trajectories=2", "--set", "learner.token_budget=8192"]
 
 
-def _up(cfg, tmp_path, *extra, timeout=900):
+def _up(cfg, tmp_path, *extra, timeout=1400):
     report = tmp_path / "report.json"
     env = cfg_env(cfg)
     env["KERNELRL_CACHE"] = os.environ.get("KERNELRL_CACHE", env.get("KERNELRL_CACHE", ""))
@@ -46,9 +46,9 @@ def test_up_vllm_end_to_end(cfg, tmp_path):
     assert rep["tool_calls_sent"] >= 2  # the scripted actor's compile/verify went through the workers
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1500)
 def test_up_under_chaos_loses_nothing(cfg, tmp_path):
-    proc, rep = _up(cfg, tmp_path, "--max-steps", "3", "--policy", "vllm", "--scripted-actors", "1", "--chaos", "12")
+    proc, rep = _up(cfg, tmp_path, "--max-steps", "2", "--policy", "vllm", "--scripted-actors", "1", "--chaos", "35")
     assert sum(rep["chaos_kills"].values()) >= 2, rep["chaos_kills"]
-    _check_invariants(rep, 3)
+    _check_invariants(rep, 2)
     assert rep["tool_calls_sent"] >= 2
