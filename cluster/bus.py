@@ -360,7 +360,7 @@ class Consumer:
         if self._unstable_since is None:
             self._unstable_since = now
             return
-        limit = max(30.0, 3 * self.bus.cfg.bus.session_timeout_ms / 1000)
+        limit = max(10.0, 3 * self.bus.cfg.bus.session_timeout_ms / 1000)
         if now - self._unstable_since < limit or self._c.assignment():
             return
         from kafka import KafkaConsumer
