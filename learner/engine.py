@@ -53,7 +53,43 @@ def init_distributed() -> None:
             import torch
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if not on_gpu():
+            from deepspeed.comm.torch import build_shm_op
+
+            with _extension_build_guard():  # build (or load) the op alone: ranks rendezvous below
+                build_shm_op()
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
+
+
+class _extension_build_guard:
+    """Serialise DeepSpeed's JIT op build across processes and clear a stale torch baton.
+
+    torch's FileBaton is a plain ``lock`` file: a learner SIGKILLed mid-build leaves it
+    behind and every later start waits on it forever. An flock (released by the kernel
+    when its holder dies, however it dies) is held around the build; whoever holds it
+    knows any baton left in the extensions folder is stale and removes it.
+    """
+
+    def __enter__(self):
+        import fcntl
+        from pathlib import Path
+
+        root = os.environ.get("TORCH_EXTENSIONS_DIR")
+        self._fh = None
+        if not root:
+            return self
+        Path(root).mkdir(parents=True, exist_ok=True)
+        self._fh = open(Path(root) / ".kernelrl-build.flock", "w")  # noqa: SIM115 - closed in __exit__
+        fcntl.flock(self._fh, fcntl.LOCK_EX)
+        for baton in Path(root).glob("*/lock"):
+            log.warning("removing stale torch extension lock %s (its builder died)", baton)
+            baton.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self._fh is not None:
+            self._fh.close()  # releases the flock
+        return False
 
 
 def ds_config(cfg, lr: float) -> dict:
