@@ -37,10 +37,14 @@ def test_cuda_side_stream_rejected_before_build(sb_cfg):
     assert not out.ok and "side_stream" in out.violations
 
 
-def test_template_header_is_the_fixed_one():
+def test_workspace_header_is_the_fixed_one(tmp_path):
+    from actors.workspace import Workspace
+
     infra = (ROOT / "skills" / "infra" / "krl_abi.h").read_text()
     for backend in ("cpu", "cuda"):
-        assert (ROOT / "skills" / "templates" / backend / "krl_abi.h").read_text() == infra
+        ws = Workspace.create(tmp_path / backend, "ep", "class Model: pass\n", backend)
+        assert (ws.root / "krl_abi.h").read_text() == infra
+        assert "krl_abi.h" in ws.protected
 
 
 def test_examples_pass_static_guards():
