@@ -66,6 +66,8 @@ class _Child:
         rfd, wfd = os.pipe()
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    TORCHINDUCTOR_COMPILE_THREADS="1")
+        for key in ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE"):  # the compile rules need a live torch.compile
+            env.pop(key, None)
         cmd = [*_netns_prefix(), sys.executable, "-m", "actors.tasks.filter_runner", "--child", str(wfd)]
         mem = memory_mb if cfg.backend == "cpu" else 0  # an address-space cap breaks the CUDA driver
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
