@@ -17,7 +17,9 @@ def add_arguments(p) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mix", default="", help="operator-count weights, e.g. '1:0.1,2:0.6,3:0.2,4:0.05,5:0.05' "
                                             "(default: CUDA-Agent-Ops-6K's mix)")
-    s.add_argument("--workers", type=int, default=1, help="parallel filter children")
+    s.add_argument("--workers", type=int, default=1, help="parallel filter children (with --via bus: requests in flight)")
+    s.add_argument("--via", choices=["local", "bus"], default="local",
+                   help="local: sandboxed children here; bus: the evaluation workers over Kafka (scales with them)")
     s.add_argument("--min-ms", type=float, default=-1.0, help="eager runtime window low end (default per backend)")
     s.add_argument("--max-ms", type=float, default=-1.0, help="eager runtime window high end")
     s.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile rules (faster)")
@@ -37,7 +39,9 @@ def add_arguments(p) -> None:
     v = sub.add_parser("verify", help="re-run the execution filter on a task folder (e.g. GPU-sized tasks on a GPU)")
     v.add_argument("--dir", default=None, help="default: cluster.task_dir or the built-in set")
     v.add_argument("--backend", choices=["cpu", "cuda"], default=None, help="default: sandbox.backend")
-    v.add_argument("--workers", type=int, default=1)
+    v.add_argument("--workers", type=int, default=1, help="parallel filter children (with --via bus: requests in flight)")
+    v.add_argument("--via", choices=["local", "bus"], default="local",
+                   help="local: sandboxed children here; bus: the evaluation workers over Kafka")
     v.add_argument("--min-ms", type=float, default=-1.0)
     v.add_argument("--max-ms", type=float, default=-1.0)
     v.add_argument("--no-compile-check", action="store_true")
@@ -80,16 +84,30 @@ def _synthesize(args, cfg) -> int:
         llm = LLMComposer.from_config(cfg)
     fcfg = FilterConfig(backend=args.backend, min_ms=args.min_ms, max_ms=args.max_ms,
                         check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
+    checker = _bus_checker(args, cfg)
     sc = SynthConfig(n=args.n, backend=args.backend, out=Path(args.out), seed=args.seed, mix=mix,
                      workers=args.workers, filter=fcfg, eval_dir=args.eval_set, threshold=args.threshold,
-                     max_candidates=args.max_candidates, verify=args.verify, llm=llm, llm_share=args.llm_share)
-    report = synthesize(sc)
+                     max_candidates=args.max_candidates, verify=args.verify, llm=llm, llm_share=args.llm_share,
+                     checker=checker)
+    try:
+        report = synthesize(sc)
+    finally:
+        if checker is not None:
+            checker.close()
     print(json.dumps(report.summary(), indent=1))
     if len(report.accepted) < args.n:
         print(f"kernelrl tasks: only {len(report.accepted)} of {args.n} tasks passed; raise --max-candidates",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _bus_checker(args, cfg):
+    """With --via bus: a filter that runs on the evaluation workers (they must be running)."""
+    if args.via != "bus":
+        return None
+    from actors.tasks.filter_bus import BusFilter
+    return BusFilter(cfg, concurrency=args.workers)
 
 
 def _import(args, cfg) -> int:
@@ -111,7 +129,14 @@ def _verify(args, cfg) -> int:
     entries = load_tasks(folder, backend=backend)
     fcfg = FilterConfig(backend=backend, min_ms=args.min_ms, max_ms=args.max_ms,
                         check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
-    verdicts = filter_sources([e.model_py for e in entries], fcfg, workers=args.workers)
+    checker = _bus_checker(args, cfg)
+    if checker is None:
+        verdicts = filter_sources([e.model_py for e in entries], fcfg, workers=args.workers)
+    else:
+        try:
+            verdicts = checker([e.model_py for e in entries], fcfg)
+        finally:
+            checker.close()
     failed = 0
     for e, v in zip(entries, verdicts):
         failed += not v.ok

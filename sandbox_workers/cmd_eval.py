@@ -50,7 +50,7 @@ def run(args, cfg) -> int:
     except Abandoned:
         log.info("eval worker stopped mid-job; the job stays uncommitted")
     finally:
-        handler.evaluator.close()
+        handler.close()
         bus.close()
         if ident is not None and cfg.sandbox.lock_clocks:
             from sandbox_workers import gpu

@@ -12,6 +12,7 @@ import socket
 import threading
 
 from sandbox_workers import isolation
+from sandbox_workers.filter_service import FilterService
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class EvalHandler:
         self.backend = backend
         self.evaluator = Evaluator(cfg, backend, device_key=device_key)
         self.name = worker_name(f"eval-{backend}")
+        self.filter = FilterService(backend, self.name)
 
     def __call__(self, req):
         from schemas.messages import EvaluateResult
@@ -83,6 +85,8 @@ class EvalHandler:
             return EvaluateResult(request_id=req.header.request_id, episode_id=req.episode_id, task_id=req.task_id,
                                   compiled=False, correct=False, reward=-1.0, worker=self.name,
                                   error=f"request for backend {req.backend!r} reached a {self.backend} worker")
+        if req.mode == "filter":
+            return self.filter(req)
         r = self.evaluator.evaluate(req.model_py, req.files, req.mode, req.artifact, req.artifact_key)
         if isolation.ABORTED.is_set():
             raise Abandoned()
@@ -92,3 +96,7 @@ class EvalHandler:
                               speedup_vs_compile=float(r["speedup_vs_compile"]), violations=list(r["violations"]),
                               error=(r["error"] or "")[:8000], timings=r["timings"], evidence=r["evidence"],
                               duration_s=r["duration_s"], worker=self.name)
+
+    def close(self) -> None:
+        self.filter.close()
+        self.evaluator.close()

@@ -103,8 +103,9 @@ class EvaluateRequest:
     artifact_key: str = ""
     artifact_uri: str = ""
     artifact: bytes = b""
-    mode: str = "both"  # verify | profile | both
+    mode: str = "both"  # verify | profile | both | filter (model_py is a candidate task; no solution)
     backend: str = "cpu"
+    options: dict[str, Any] = field(default_factory=dict)  # mode-specific: filter -> {"filter": {...}, "timeout_s"}
 
 
 @dataclass

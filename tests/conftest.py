@@ -143,3 +143,12 @@ def spawn():
 
 
 KERNELRL = [sys.executable, "-m", "cluster.cli"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The tiny local model and tokenizer (built once per session, or reused from $KERNELRL_TEST_TINY_MODEL)."""
+    from cluster.tiny_model import build_tiny_model
+
+    cache = os.environ.get("KERNELRL_TEST_TINY_MODEL")
+    return build_tiny_model(cache or tmp_path_factory.mktemp("tiny") / "model")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 
 from actors.tasks.dataset import TaskEntry
@@ -23,8 +24,10 @@ log = logging.getLogger(__name__)
 def find_solution(sol_dir: Path, entry: TaskEntry) -> dict[str, str] | None:
     """The solution files for a task: a folder (model_new.py + kernels/) or a single ModelNew .py file.
 
-    Looked up by task id, by the task file's stem (with or without its level folder), and
-    case-insensitively as ``<backend>_<stem>`` (the layout of skills/examples, e.g. cpu_19_relu).
+    Looked up by task id, by the task file's stem (with or without its level folder),
+    case-insensitively as ``<backend>_<stem>`` (the layout of skills/examples, e.g. cpu_19_relu),
+    and last by content: a ``<backend>_*`` folder whose ``model.py`` is the task's own source
+    (skills/examples/cuda_26_gelu solves KernelBench's 26_GELU_.py).
     """
     stem = Path(entry.file).stem
     rel_parent = Path(entry.file).parent
@@ -33,6 +36,7 @@ def find_solution(sol_dir: Path, entry: TaskEntry) -> dict[str, str] | None:
     if sol_dir.is_dir():
         names += sorted(p.name.removesuffix(".py") for p in sol_dir.iterdir()
                         if p.name.lower().removesuffix(".py") in wanted)
+        names += _by_task_source(str(sol_dir), entry.backend).get(entry.model_py.strip(), [])
     for name in names:
         d = sol_dir / name
         if (d / "model_new.py").is_file():
@@ -47,6 +51,17 @@ def find_solution(sol_dir: Path, entry: TaskEntry) -> dict[str, str] | None:
         if f.is_file():
             return {"model_new.py": f.read_text()}
     return None
+
+
+@lru_cache(maxsize=16)
+def _by_task_source(sol_dir: str, backend: str) -> dict[str, list[str]]:
+    """Solution folders named ``<backend>_*`` keyed by the task source their model.py holds."""
+    out: dict[str, list[str]] = {}
+    for d in sorted(Path(sol_dir).glob(f"{backend}_*")):
+        ref = d / "model.py"
+        if ref.is_file() and (d / "model_new.py").is_file():
+            out.setdefault(ref.read_text().strip(), []).append(d.name)
+    return out
 
 
 def _missing(entry: TaskEntry, why: str = "no solution") -> TaskResult:

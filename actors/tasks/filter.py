@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 RULES = ("load", "eager", "finite", "deterministic", "mutates_inputs", "constant", "input_insensitive",
          "runtime_window", "compile", "compile_mismatch")
@@ -49,6 +49,24 @@ class FilterConfig:
     def window(self) -> tuple[float, float]:
         lo, hi = DEFAULT_WINDOWS[self.backend]
         return (self.min_ms if self.min_ms >= 0 else lo, self.max_ms if self.max_ms >= 0 else hi)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "FilterConfig":
+        """Rebuild a config sent over a pipe or the bus; unknown fields or an unknown backend raise ValueError."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"filter config: unknown field(s) {unknown}")
+        out = dict(raw)
+        if "input_seeds" in out:
+            out["input_seeds"] = tuple(int(x) for x in out["input_seeds"])
+        cfg = cls(**out)
+        if cfg.backend not in DEFAULT_WINDOWS:
+            raise ValueError(f"filter config: backend={cfg.backend!r} is not one of {sorted(DEFAULT_WINDOWS)}")
+        return cfg
 
 
 @dataclass

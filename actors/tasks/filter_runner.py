@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import lru_cache
+from typing import Callable
 from pathlib import Path
 
 from actors.tasks.filter import FilterConfig, Verdict
@@ -74,7 +74,7 @@ class _Child:
                                      pass_fds=(wfd,), cwd=workdir, env=env, preexec_fn=_limits(mem))
         os.close(wfd)
         self.rfd, self.buf, self.eof = rfd, b"", False
-        self.proc.stdin.write((json.dumps({"config": asdict(cfg)}) + "\n").encode())
+        self.proc.stdin.write((json.dumps({"config": cfg.to_dict()}) + "\n").encode())
         self.proc.stdin.flush()
 
     def send(self, source: str) -> None:
@@ -114,31 +114,64 @@ class _Child:
         return err
 
 
+class FilterSession:
+    """One sandboxed child kept across tasks (torch is imported once); replaced after a crash or a timeout.
+
+    The eval worker keeps one per process for ``mode="filter"`` requests; `filter_sources` one per shard.
+    """
+
+    def __init__(self, cfg: FilterConfig, memory_mb: int = 8192, start_s: float = 60.0,
+                 on_spawn: Callable[[int], None] | None = None, on_exit: Callable[[int], None] | None = None):
+        self.cfg, self.memory_mb, self.start_s = cfg, memory_mb, start_s
+        self._on_spawn, self._on_exit = on_spawn, on_exit  # the worker registers children for abort on SIGTERM
+        self._dir = tempfile.TemporaryDirectory(prefix="krl-filter-")
+        self._child: _Child | None = None
+
+    def check(self, source: str, timeout_s: float, cfg: FilterConfig | None = None) -> Verdict:
+        if cfg is not None and cfg != self.cfg:  # the config travels in the child's header
+            self._stop()
+            self.cfg = cfg
+        budget = timeout_s
+        if self._child is None:
+            self._child = _Child(self.cfg, self.memory_mb, self._dir.name)
+            if self._on_spawn:
+                self._on_spawn(self._child.proc.pid)  # the child leads its own session: pid = pgid
+            budget += self.start_s  # the first task also pays for importing torch
+        child = self._child
+        child.send(source)
+        reply = child.read(time.monotonic() + budget)
+        if reply is not None:
+            return Verdict(**reply)
+        dead = child.eof or child.proc.poll() is not None
+        err = self._close_child(kill=True)
+        rule = "crash" if dead else "timeout"
+        why = f"the child died: {err.strip()[-300:]}" if dead else f"no verdict within {budget:.0f} s"
+        return Verdict(ok=False, rule=rule, reason=why, duration_s=budget)
+
+    def _close_child(self, kill: bool = False) -> str:
+        child, self._child = self._child, None
+        if child is None:
+            return ""
+        err = child.close(kill=kill)
+        if self._on_exit:
+            self._on_exit(child.proc.pid)
+        return err
+
+    def _stop(self) -> None:
+        self._close_child()
+
+    def close(self) -> None:
+        self._stop()
+        self._dir.cleanup()
+
+
 def _run_batch(sources: list[str], cfg: FilterConfig, timeout_s: float, memory_mb: int,
                start_s: float) -> list[Verdict]:
-    out: list[Verdict] = []
-    with tempfile.TemporaryDirectory(prefix="krl-filter-") as workdir:
-        child = None
-        for src in sources:
-            if child is None:
-                child = _Child(cfg, memory_mb, workdir)
-                budget = timeout_s + start_s  # the first task also pays for importing torch
-            else:
-                budget = timeout_s
-            child.send(src)
-            reply = child.read(time.monotonic() + budget)
-            if reply is None:
-                dead = child.eof or child.proc.poll() is not None
-                err = child.close(kill=True)
-                child = None
-                rule = "crash" if dead else "timeout"
-                why = f"the child died: {err.strip()[-300:]}" if dead else f"no verdict within {budget:.0f} s"
-                out.append(Verdict(ok=False, rule=rule, reason=why, duration_s=budget))
-                continue
-            out.append(Verdict(**reply))
-        if child is not None:
-            child.close()
-    return out
+    session = FilterSession(cfg, memory_mb, start_s)
+    try:
+        return [session.check(src, timeout_s) for src in sources]
+    finally:
+        session.close()
 
 
 def filter_sources(sources: list[str], cfg: FilterConfig | None = None, workers: int = 1,
@@ -164,9 +197,7 @@ def _child_main(fd: int) -> int:
 
     out = os.fdopen(fd, "w", buffering=1)
     header = json.loads(sys.stdin.readline())
-    raw = header["config"]
-    raw["input_seeds"] = tuple(raw["input_seeds"])
-    cfg = FilterConfig(**raw)
+    cfg = FilterConfig.from_dict(header["config"])
     for line in sys.stdin:
         if not line.strip():
             continue

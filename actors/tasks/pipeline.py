@@ -13,9 +13,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from actors.tasks.dataset import TaskEntry, content_id, next_number, write_index, write_task
-from actors.tasks.filter import DEFAULT_WINDOWS, FilterConfig
+from actors.tasks.filter import DEFAULT_WINDOWS, FilterConfig, Verdict
 
 log = logging.getLogger(__name__)
 GENERATOR_VERSION = "2"
@@ -57,6 +58,13 @@ class SynthConfig:
     unique_names: bool = True
     llm: object = None  # actors.tasks.llm.LLMComposer
     llm_share: float = 0.0
+    checker: Callable[[list[str], FilterConfig], list[Verdict]] | None = None  # None: local sandboxed children
+
+    def check(self, sources: list[str], fcfg: FilterConfig) -> list[Verdict]:
+        if self.checker is not None:
+            return self.checker(sources, fcfg)
+        from actors.tasks.filter_runner import filter_sources
+        return filter_sources(sources, fcfg, workers=self.workers, timeout_s=self.task_timeout_s)
 
 
 @dataclass
@@ -86,7 +94,7 @@ class _Candidate:
 def _verify_mode(sc: SynthConfig) -> str:
     if sc.verify != "auto":
         return sc.verify
-    if sc.backend == "cpu":
+    if sc.backend == "cpu" or sc.checker is not None:  # a bus checker measures on the workers' devices
         return "direct"
     try:
         import torch
@@ -153,7 +161,6 @@ def _from_llm(sc: SynthConfig, n_ops: int, mode: str) -> _Candidate | None:
 
 def synthesize(sc: SynthConfig) -> SynthReport:
     from actors.tasks.decontam import Decontaminator, default_eval_dir
-    from actors.tasks.filter_runner import filter_sources
 
     t0 = time.monotonic()
     mode = _verify_mode(sc)
@@ -192,8 +199,7 @@ def synthesize(sc: SynthConfig) -> SynthReport:
                     report.rejected["contaminated"] += 1
                     continue
             ready.append(c)
-        verdicts = filter_sources([c.check_source for c in ready], check_cfg, workers=sc.workers,
-                                  timeout_s=sc.task_timeout_s)
+        verdicts = sc.check([c.check_source for c in ready], check_cfg)
         for c, v in zip(ready, verdicts):
             if not v.ok:
                 report.rejected[v.rule] += 1

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # GPU proof of the reward oracle and the learner in one device session (docs/oracle-gpu.md,
 # docs/learner-gpu.md). Run from the repo root on the GPU machine:
-#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner cv evals (default: all)
+#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner cv evals tasks kbeval
+#   (default: the first six). tasks: the built-in GPU-sized tasks through the execution filter on the GPU
+#   (index.json with measured runtimes -> $OUT); kbeval: `kernelrl eval` of skills/examples over KernelBench
+#   level 1 at $KB (a copy of ../shared/kernelbench carried to the device) -> $OUT/kbeval/.
 # Environment: OUT (results folder), BUDGET_S (seconds for the whole script), ONLY (examples for `evals`),
-# CV_EXAMPLE / CV_REPEATS (for `cv`). Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
+# CV_EXAMPLE / CV_REPEATS (for `cv`), PYTEST_K (a -k filter for `pytest`), TASK_WORKERS, KB. Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
 # learner.log,evals.jsonl,cv.jsonl,proof.log}.
 set -u
 OUT=${OUT:-$PWD/gpu-proof-out}
@@ -16,6 +19,7 @@ BUDGET=${BUDGET_S:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/proof.log"; }
 phases=${*:-env pytest bench learner cv evals}
+cap() { local want=$1; local l; l=$(left); echo $(( l - 15 < want ? l - 15 : want )); }
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 if has env; then
@@ -39,7 +43,8 @@ if has pytest; then
   log "pytest -m gpu"
   t=$(( $(left) > 320 ? 300 : $(left) - 20 ))
   if command -v make > /dev/null; then
-    timeout $t make test-gpu PYTEST_ARGS="-q --durations=25 -p no:cacheprovider" > "$OUT/pytest.log" 2>&1
+    timeout $t make test-gpu PYTEST_ARGS="-q --durations=25 -p no:cacheprovider ${PYTEST_K:+-k $PYTEST_K}" \
+      > "$OUT/pytest.log" 2>&1
   else
     timeout $t $PY -m pytest -m gpu tests/sandbox -q --durations=25 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   fi
@@ -67,6 +72,21 @@ if has evals; then
   log "sandbox evals"
   $PY -m sandbox_workers.gpu_proof evals --out "$OUT" --cache /tmp/krl-proof-cache --deadline-s $(( $(left) - 15 )) \
     ${ONLY:+--only "$ONLY"} 2>> "$OUT/proof.log" | tee -a "$OUT/proof.log"
+fi
+
+if has tasks; then
+  log "tasks verify --backend cuda (built-in set)"
+  timeout $(cap 330) $PY -m cluster.cli tasks verify --backend cuda --workers "${TASK_WORKERS:-3}" --write \
+    > "$OUT/tasks_verify.txt" 2>&1
+  log "tasks verify rc=$? $(tail -1 "$OUT/tasks_verify.txt")"
+  cp actors/tasks/builtin/index.json "$OUT/index.json"
+fi
+
+if has kbeval; then
+  log "eval skills/examples over KernelBench level 1 (${KB:-.kb})"
+  timeout $(cap 300) $PY -m cluster.cli eval --tasks "${KB:-.kb}" --level 1 --policy solutions \
+    --solutions skills/examples --backend cuda --out "$OUT/kbeval" --json > "$OUT/kbeval.log" 2>&1
+  log "kbeval rc=$? $(tail -c 400 "$OUT/kbeval.log")"
 fi
 
 if [ -n "$BENCH_PID" ]; then

@@ -30,14 +30,6 @@ class LoopThread:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    from cluster.tiny_model import build_tiny_model
-
-    cache = os.environ.get("KERNELRL_TEST_TINY_MODEL")
-    return build_tiny_model(cache or tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="session")
 def tokenizer(tiny_model):
     from actors.policy import load_tokenizer
 

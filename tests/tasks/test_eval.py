@@ -53,3 +53,26 @@ def test_plot_is_written(report):
     _, out = report
     png = (out / "eval.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_solution_found_by_its_task_source(tmp_path):
+    """A skills/examples-style folder solves the task whose source its model.py holds, whatever the names."""
+    from pathlib import Path
+
+    from actors.tasks.dataset import TaskEntry
+    from actors.tasks.evaluate import find_solution
+
+    src = "import torch\n\nclass Model(torch.nn.Module):\n    pass\n"
+    sol = tmp_path / "cuda_7_whatever"
+    (sol / "kernels").mkdir(parents=True)
+    (sol / "model.py").write_text(src + "\n")
+    (sol / "model_new.py").write_text("# new\n")
+    (sol / "kernels" / "k.cu").write_text("// k\n")
+
+    def entry(source, backend="cuda"):
+        return TaskEntry(task_id="t1", name="26_GELU_", file="level1/26_GELU_.py", backend=backend, level=1,
+                         source="kernelbench", metadata={}, model_py=source)
+
+    assert find_solution(Path(tmp_path), entry(src)) == {"model_new.py": "# new\n", "kernels/k.cu": "// k\n"}
+    assert find_solution(Path(tmp_path), entry(src + "x = 1\n")) is None  # a different task
+    assert find_solution(Path(tmp_path), entry(src, backend="cpu")) is None  # a CUDA solution is not a CPU one
