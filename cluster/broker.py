@@ -204,11 +204,15 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
+def _format_args(cluster_id: str, props: Path) -> list[str]:
+    # `--cluster-id=ID`, not `-t ID`: one id in 64 starts with '-', which argparse reads as an option
+    return ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props), "--ignore-formatted"]
+
+
 def _format(cfg, java: str, libs: Path, sdir: Path, props: Path, data_dir: Path) -> None:
     if (data_dir / "meta.properties").is_file():
         return
-    cmd = _java_cmd(cfg, java, libs, sdir, ["kafka.tools.StorageTool", "format", "-t", _cluster_id(),
-                                              "-c", str(props), "--ignore-formatted"])
+    cmd = _java_cmd(cfg, java, libs, sdir, _format_args(_cluster_id(), props))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SetupError(f"formatting Kafka storage in {data_dir} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")

@@ -140,3 +140,20 @@ def test_bench_passes_unknown_options_to_the_target(argv, target, json_, request
     args = build_parser().parse_args(argv)
     cmd_bench._split_rest(args)
     assert (args.target, args.json, args.requests, args.rest) == (target, json_, requests, rest)
+
+
+def test_broker_starts_with_a_cluster_id_starting_with_a_dash(kafka, tmp_path, monkeypatch):
+    """One random KRaft cluster id in 64 starts with '-': formatting must not read it as an option."""
+    from cluster import broker
+
+    if not kafka["embedded"]:
+        pytest.skip("the suite runs against an external cluster: no local Kafka jars to run")
+    monkeypatch.setattr(broker, "_cluster_id", lambda: "-dashFirstClusterId0A")
+    cfg = Config()
+    cfg.broker.state_dir = str(tmp_path / "state")
+    try:
+        broker.start(cfg, tie_to_parent=True)
+        meta = next((tmp_path / "state").rglob("meta.properties")).read_text()
+        assert "cluster.id=-dashFirstClusterId0A" in meta
+    finally:
+        assert broker.stop(cfg, timeout_s=20)["clean"]
