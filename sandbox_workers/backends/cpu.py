@@ -78,7 +78,9 @@ class CpuBuilder(Builder):
 # .data/.bss is mutable global/static state of the kernels (the substrate of any result cache).
 _ALLOWED_DATA = re.compile(r"^(_DYNAMIC|_GLOBAL_OFFSET_TABLE_|__TMC_END__|__dso_handle|completed\.\d+|"
                            r"__do_global_dtors_aux_fini_array_entry|__frame_dummy_init_array_entry|"
-                           r"krl_op_desc_\w+|krl_reg_\w+|krl_registry_head)$")
+                           r"krl_op_desc_\w+|krl_reg_\w+|krl_registry_head|"
+                           # the C++ EH personality pointer g++ emits for OpenMP regions calling helpers
+                           r"DW\.ref\.__gxx_personality_v0)$")
 
 
 def writable_symbols(library: Path) -> list[str]:

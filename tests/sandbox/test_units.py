@@ -158,6 +158,16 @@ def test_mutable_static_state_in_cpu_kernels_is_refused(sb_cfg):
                                            extra_cpp="static const float kLut[4] = {1.f, 1.f, 1.f, 1.f};"),
                             "cpu", sb_cfg)
     assert lut.ok, lut.error + lut.log
+    # SIMD intrinsics inside an OpenMP region make g++ emit DW.ref.__gxx_personality_v0: writable, not state
+    simd = compile_workspace(relu_with_body(
+        "#pragma omp parallel for\n  for (int64_t i = 0; i < n / 4; ++i)\n"
+        "    _mm_storeu_ps(y + 4 * i, _mm_max_ps(_mm_loadu_ps(x + 4 * i), _mm_setzero_ps()));\n"
+        "  for (int64_t i = n / 4 * 4; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;",
+        includes="#include <immintrin.h>"), "cpu", sb_cfg)
+    assert simd.ok, simd.error + simd.log
+    import subprocess
+    assert "DW.ref.__gxx_personality_v0" in subprocess.run(["nm", "--defined-only", str(simd.library)],
+                                                           capture_output=True, text=True).stdout
     tamper = compile_workspace(relu_with_body("y[0] = 0.f;", extra_cpp="static int krl_registry_head = 1;"),
                                "cpu", sb_cfg)
     assert not tamper.ok and "sandbox_escape" in tamper.violations

@@ -1,0 +1,32 @@
+# KernelBench level1/26_GELU_.py; shapes scaled down for the CPU backend (original: batch_size = 4096, dim = 393216).
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    """
+    Simple model that performs a GELU activation.
+    """
+    def __init__(self):
+        super(Model, self).__init__()
+    
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """
+        Applies GELU activation to the input tensor.
+
+        Args:
+            x (torch.Tensor): Input tensor of any shape.
+
+        Returns:
+            torch.Tensor: Output tensor with GELU applied, same shape as input.
+        """
+        return torch.nn.functional.gelu(x)
+
+batch_size = 64
+dim = 65536
+
+def get_inputs():
+    x = torch.rand(batch_size, dim)
+    return [x]
+
+def get_init_inputs():
+    return []  # No special initialization inputs needed
