@@ -59,7 +59,12 @@ def _load(target: str):
 
 def run(args, cfg) -> int:
     _split_rest(args)
-    result = _load(args.target).run_bench(args, cfg)
+    module = _load(args.target)
+    if {"-h", "--help"} & set(args.rest):  # after the target, --help lands in rest: describe, never run
+        print(f"kernelrl bench {args.target} [--json] [--out FILE] [target options]\n")
+        print((module.__doc__ or "").strip())
+        return 0
+    result = module.run_bench(args, cfg)
     if result is None:
         return 0
     text = json.dumps(result, indent=None if args.json else 2, default=str)

@@ -142,6 +142,19 @@ def test_bench_passes_unknown_options_to_the_target(argv, target, json_, request
     assert (args.target, args.json, args.requests, args.rest) == (target, json_, requests, rest)
 
 
+def test_bench_help_after_the_target_describes_without_running(monkeypatch, capsys):
+    from cluster.cli import main
+    from sandbox_workers import bench_compile
+
+    def never(*_a):
+        raise AssertionError("--help ran the benchmark")
+
+    monkeypatch.setattr(bench_compile, "run_bench", never)
+    assert main(["bench", "compile", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kernelrl bench compile") and bench_compile.__doc__.strip().splitlines()[0] in out
+
+
 def test_broker_starts_with_a_cluster_id_starting_with_a_dash(kafka, tmp_path, monkeypatch):
     """One random KRaft cluster id in 64 starts with '-': formatting must not read it as an option."""
     from cluster import broker
