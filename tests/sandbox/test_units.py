@@ -171,3 +171,31 @@ def test_mutable_static_state_in_cpu_kernels_is_refused(sb_cfg):
     tamper = compile_workspace(relu_with_body("y[0] = 0.f;", extra_cpp="static int krl_registry_head = 1;"),
                                "cpu", sb_cfg)
     assert not tamper.ok and "sandbox_escape" in tamper.violations
+
+
+def test_noisy_baselines_are_measured_again_and_the_faster_kept(sandbox_cache, tmp_path):
+    from sandbox_workers.evaluator import Evaluator, keep_faster, noisy
+    from tests.sandbox.conftest import fast_cfg
+    from tests.sandbox.helpers import RELU_TASK, shrunk_task
+
+    old = {"eager": {"median_s": 1.0, "cv": 0.5}, "compile": {"median_s": 0.2, "cv": 0.01}, "x": {"error": "e"}}
+    new = {"eager": {"median_s": 0.3, "cv": 0.02}, "compile": {"median_s": 0.4, "cv": 0.01}}
+    assert keep_faster(old, new) == {"eager": new["eager"], "compile": old["compile"]}  # failed runs: not kept
+    assert noisy(old, 0.25) and not noisy(new, 0.25) and not noisy(old, 0.0)
+
+    src = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
+    cfg = fast_cfg(sandbox_cache)
+    cfg.sandbox.baseline_cache_dir = str(tmp_path / "baselines")
+    cfg.sandbox.compile_baseline = False
+    cfg.sandbox.baseline_max_cv = 1e-9  # every measurement counts as noisy: each use measures again
+    ev = Evaluator(cfg, "cpu")
+    try:
+        _, first = ev.reference(src)
+        _, second = ev.reference(src)
+        assert not first["cached"] and not second["cached"] and second["baselines_noisy"]
+        assert second["baselines"]["eager"]["median_s"] <= first["baselines"]["eager"]["median_s"]
+        ev.sb.baseline_max_cv = 0.0  # off: the stored baseline is used as it is
+        _, third = ev.reference(src)
+        assert third["cached"] and third["baselines"] == second["baselines"]
+    finally:
+        ev.close()
