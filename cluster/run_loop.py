@@ -73,9 +73,11 @@ def _roles(cfg: Config) -> list[RoleSpec]:
         specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", str(i)]) for i in range(n_eval)]
     else:
         specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", "cpu"]) for i in range(n_eval)]
-    specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"]) for i in range(c.actors)]
-    specs += [RoleSpec(f"actor-scripted-{i}", ["--set", "actor.policy=scripted", "actor", "--id", f"actor-scripted-{i}"])
-              for i in range(c.scripted_actors)]
+    # an actor finishes its running episodes for up to actor.shutdown_grace_s, then closes its engine
+    actor_grace = cfg.actor.shutdown_grace_s + 30.0
+    specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], grace_s=actor_grace) for i in range(c.actors)]
+    specs += [RoleSpec(f"actor-scripted-{i}", ["--set", "actor.policy=scripted", "actor", "--id", f"actor-scripted-{i}"],
+                       grace_s=actor_grace) for i in range(c.scripted_actors)]
     specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=300.0))
     return specs
 
@@ -158,6 +160,7 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
             "role_throughput_per_s": report_mod.role_throughput(snaps),
             "restarts": {n: rp.starts - 1 for n, rp in sup.roles.items()},
             "chaos_kills": {n: rp.kills for n, rp in sup.roles.items() if rp.kills},
+            "killed_at_stop": list(sup.killed_at_stop),  # roles that outlived their SIGTERM grace
             "tasks_fed": feeder.published,
         })
         result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0

@@ -65,6 +65,7 @@ class Supervisor:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.roles: dict[str, RoleProc] = {}
         self.stopping = False
+        self.killed_at_stop: list[str] = []  # roles SIGKILLed because they outlived their SIGTERM grace
 
     def add(self, spec: RoleSpec) -> RoleProc:
         rp = RoleProc(spec=spec, metrics_port=free_port(), log_path=self.log_dir / f"{spec.name}.log")
@@ -141,6 +142,7 @@ class Supervisor:
                 rp.proc.wait(timeout=max(0.1, t0 + grace - time.time()))
             except subprocess.TimeoutExpired:
                 log.warning("%s ignored SIGTERM for %.0fs; killing", rp.spec.name, grace)
+                self.killed_at_stop.append(rp.spec.name)
                 try:
                     os.killpg(rp.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:

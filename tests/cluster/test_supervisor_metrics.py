@@ -18,6 +18,8 @@ metrics.serve_from_env("probe")
 mode = sys.argv[1]
 if mode == "crash":
     time.sleep(0.2); sys.exit(3)
+if mode == "stubborn":
+    import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)
 while True:
     metrics.inc("ticks")
     if mode == "main" and pathlib.Path(sys.argv[2]).exists():
@@ -105,3 +107,17 @@ def test_metered_handler_counts_jobs_and_failures():
     snap = reg.snapshot()
     assert snap["counters"]["jobs_done"] == 1 and snap["counters"]["jobs_failed"] == 1
     assert snap["summaries"]["job_s"]["count"] == 2 and snap["gauges"]["busy"] == 0
+
+
+def test_stop_kills_and_names_a_role_that_ignores_sigterm(tmp_path):
+    sup = Supervisor(tmp_path / "logs", [sys.executable, "-c", CHILD], base_env={**os.environ, "PYTHONPATH": os.getcwd()})
+    sup.add(RoleSpec("steady", ["steady"]))
+    sup.add(RoleSpec("stubborn", ["stubborn"], grace_s=1.0))
+    try:
+        assert _wait(lambda: all((sup.scrape(n) or {}).get("counters", {}).get("ticks", 0) > 2
+                                 for n in ("steady", "stubborn")))
+    finally:
+        sup.stop()
+    assert sup.killed_at_stop == ["stubborn"]
+    assert sup.roles["stubborn"].proc.returncode == -signal.SIGKILL
+    assert sup.roles["steady"].proc.returncode == -signal.SIGTERM

@@ -44,6 +44,7 @@ def test_up_vllm_end_to_end(cfg, tmp_path):
     _check_invariants(rep, 2)
     assert rep["weight_versions_applied_min"] >= 1  # every actor hot-swapped at least once
     assert rep["tool_calls_sent"] >= 2  # the scripted actor's compile/verify went through the workers
+    assert rep["killed_at_stop"] == []  # every role left on SIGTERM within its grace
 
 
 @pytest.mark.timeout(1500)
