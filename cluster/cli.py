@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        # kafka-python warns whenever one of its IO tasks takes > 100 ms, which a busy small machine
+        # does all the time: dozens of lines over `kernelrl up`'s dashboard; -vv shows them again.
+        logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     if not args.command:
         parser.print_help()
         return 2

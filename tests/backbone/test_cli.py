@@ -170,3 +170,19 @@ def test_broker_starts_with_a_cluster_id_starting_with_a_dash(kafka, tmp_path, m
         assert "cluster.id=-dashFirstClusterId0A" in meta
     finally:
         assert broker.stop(cfg, timeout_s=20)["clean"]
+
+
+def test_kafka_io_loop_warnings_are_quiet_unless_debugging():
+    import logging
+
+    from cluster.cli import main
+
+    log = logging.getLogger("kafka.net.selector")
+    try:
+        main(["config", "show"])
+        assert log.level == logging.ERROR
+        log.setLevel(logging.NOTSET)
+        main(["-vv", "config", "show"])
+        assert log.level == logging.NOTSET  # left to the root logger's DEBUG
+    finally:
+        log.setLevel(logging.NOTSET)
