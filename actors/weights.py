@@ -79,7 +79,7 @@ class WeightFollower:
             return receive(self.bus, ann, str(self.dest_root), 300.0)
         except WeightsCorrupt:
             stale = version_dir(self.dest_root, ann.model_name, ann.version)
-            if ann.transport != "kafka" or not stale.exists():
+            if ann.transport == "fs" or not stale.exists():  # fs folders are the source itself
                 raise
             log.warning("weights v%d: %s holds other bytes (an earlier run?); receiving again", ann.version, stale)
             shutil.rmtree(stale)

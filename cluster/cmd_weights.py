@@ -1,6 +1,7 @@
 """`kernelrl weights push --path DIR`: send a checkpoint folder (Hugging Face layout)
 as the next policy version and announce it; every running actor swaps it in.
-`kernelrl weights list` shows the announced versions."""
+`kernelrl weights list` shows the announced versions. With ``--transport nccl`` the command itself
+serves the version (as the learner would) for ``--serve-s`` seconds or until Ctrl-C."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ def add_arguments(p) -> None:
     p.add_argument("action", choices=["push", "list"])
     p.add_argument("--path", help="folder with config.json + *.safetensors (push)")
     p.add_argument("--version", type=int, help="version to announce (default: newest announced + 1)")
-    p.add_argument("--transport", choices=["kafka", "fs"], help="default: learner.weight_transport")
+    p.add_argument("--transport", choices=["kafka", "fs", "nccl"], help="default: learner.weight_transport")
+    p.add_argument("--serve-s", type=float, default=600.0,
+                   help="nccl: how long to keep serving the version to actors (default 600)")
     p.add_argument("--model-name", help="default: learner.model_name")
 
 
@@ -26,7 +29,7 @@ def announcements(bus, model_name: str) -> list:
 def run(args, cfg) -> int:
     from cluster import weights_transport as wt
     from cluster.bus import Bus
-    from cluster.config import cache_path
+    from cluster.config import run_cache_path
     from cluster.errors import KernelRLError
 
     model = args.model_name or cfg.learner.model_name
@@ -47,16 +50,40 @@ def run(args, cfg) -> int:
         if version <= newest:
             raise KernelRLError(f"--version {version}: versions are monotonic and {newest} is already announced")
         transport = args.transport or cfg.learner.weight_transport
-        producer = bus.producer()
+        producer, stream = bus.producer(), None
         try:
             if transport == "kafka":
                 ann = wt.publish_kafka(producer, model, version, args.path, cfg.learner.chunk_bytes)
+            elif transport == "nccl":
+                from cluster.weights_stream import server_from_config
+
+                stream = server_from_config(cfg)
+                ann = stream.add(model, version, args.path)
             else:
-                root = cfg.learner.weight_fs_dir or str(cache_path(cfg, "weights"))
+                root = cfg.learner.weight_fs_dir or str(run_cache_path(cfg, "weights"))
                 ann = wt.publish_fs(root, model, version, args.path)
             wt.announce(producer, ann)
         finally:
             producer.close()
     print(json.dumps({"model_name": model, "version": version, "transport": transport, "uri": ann.uri,
-                      "bytes": ann.total_bytes, "sha256": ann.sha256}))
+                      "bytes": ann.total_bytes, "sha256": ann.sha256}), flush=True)
+    if stream is not None:
+        _serve_for(stream, args.serve_s)
     return 0
+
+
+def _serve_for(stream, seconds: float) -> None:
+    """Keep the server up so actors can fetch; SIGTERM or Ctrl-C end it early."""
+    import signal
+    import sys
+    import threading
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(f"serving for {seconds:.0f}s (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    try:
+        done.wait(seconds)
+    except KeyboardInterrupt:
+        pass
+    stream.close()
+    print(f"served {stream.served} transfers ({stream.failed} failed)", file=sys.stderr)

@@ -198,7 +198,12 @@ class LearnerConfig:
     checkpoint_every: int = 1
     checkpoint_dir: str = ""  # default: <cache_dir>/learner-ckpt
     weight_transport: str = "kafka"  # kafka | fs | nccl
-    weight_fs_dir: str = ""
+    weight_fs_dir: str = ""  # fs: the shared folder; nccl: where the learner keeps the versions it serves
+    weight_stream_host: str = "127.0.0.1"  # nccl: the learner's address as actors reach it
+    weight_stream_port: int = 0  # nccl: the learner's TCPStore port (0 = a free one, announced)
+    weight_stream_backend: str = "auto"  # nccl: auto (nccl with a GPU, else gloo) | nccl | gloo
+    weight_stream_keep: int = 2  # nccl: versions the learner keeps serving
+    weight_stream_drain_s: float = 10.0  # nccl: at shutdown, serve on until nobody asked for this long
     chunk_bytes: int = 4 * 1024 * 1024
     grad_clip: float = 1.0
     ppo_epochs: int = 1
@@ -252,6 +257,7 @@ _CHOICES = {
     "learner.dtype": {"fp32", "bf16"},
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
+    "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
     "bus.compression": {"none", "gzip", "snappy", "lz4", "zstd"},
     "bus.security_protocol": {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"},
     "bus.auto_offset_reset": {"earliest", "latest"},
@@ -271,6 +277,7 @@ _POSITIVE = {
     "actor.eval_max_turns", "actor.bash_timeout_s", "actor.max_observation_chars", "actor.kv_cache_mb",
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
     "learner.ppo_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
+    "learner.weight_stream_keep",
 }
 
 
@@ -327,8 +334,11 @@ def validate(cfg: Config) -> Config:
         value = getattr(getattr(cfg, sec), name)
         if value <= 0:
             raise ConfigError(f"{path}: must be > 0, got {value!r}")
-    if not 0 <= cfg.broker.port <= 65535:
-        raise ConfigError(f"broker.port: must be 0..65535, got {cfg.broker.port!r}")
+    for path, port in (("broker.port", cfg.broker.port), ("learner.weight_stream_port", cfg.learner.weight_stream_port)):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{path}: must be 0..65535, got {port!r}")
+    if cfg.learner.weight_stream_drain_s < 0:
+        raise ConfigError(f"learner.weight_stream_drain_s: must be >= 0, got {cfg.learner.weight_stream_drain_s!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
     if not 0 <= cfg.learner.lam <= 1 or not 0 <= cfg.learner.gamma <= 1:
@@ -387,6 +397,12 @@ def cache_path(cfg: Config, *parts: str) -> Path:
     p = Path(cfg.broker.cache_dir).expanduser().joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def run_cache_path(cfg: Config, name: str) -> Path:
+    """<cache>/<name>/<topic prefix>: state tied to one set of topics (checkpoints hold their offsets,
+    weight folders their versions), so an isolated `kernelrl up` run never picks up another's."""
+    return cache_path(cfg, name, cfg.bus.topic_prefix.strip(".") or "default")
 
 
 def dump_toml(cfg: Config) -> str:

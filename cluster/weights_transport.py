@@ -1,7 +1,7 @@
 """Moving a policy version (a Hugging Face folder) from the learner to the actors, verified.
 
 Neutral ground for both sides: the learner publishes with ``publish_kafka`` /
-``publish_fs`` and then ``announce``s; an actor calls ``receive`` on a
+``publish_fs`` (or cluster.weights_stream for ``nccl``) and then ``announce``s; an actor calls ``receive`` on a
 ``WeightAnnouncement`` and gets a local folder whose every byte was checked
 (per-chunk sha256, per-file sha256, and the version digest: a sha256 over the
 "<name> <file sha256>" lines in name order), or an error. A version is announced only after all its bytes are
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.errors import KernelRLError, RetriableError, SetupError
+from cluster.errors import KernelRLError, RetriableError
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
 
@@ -49,7 +49,8 @@ def version_dir(root: str | os.PathLike, model_name: str, version: int) -> Path:
     return Path(root) / model_name / f"v{version:08d}"
 
 
-def _files(folder: Path) -> list[Path]:
+def version_files(folder: Path) -> list[Path]:
+    """The files a version consists of (the manifest and hidden files are not part of it)."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
 
 
@@ -69,7 +70,7 @@ def manifest_digest(files: dict[str, str]) -> str:
 def folder_digest(folder: str | os.PathLike) -> tuple[dict[str, str], str, int]:
     """(file name -> sha256, manifest digest, total bytes)."""
     per_file, total = {}, 0
-    for p in _files(Path(folder)):
+    for p in version_files(Path(folder)):
         per_file[p.name] = _sha_file(p)
         total += p.stat().st_size
     return per_file, manifest_digest(per_file), total
@@ -80,7 +81,7 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
                   step: int = 0, timeout_s: float = 120.0) -> WeightAnnouncement:
     """Send every file of ``folder`` as WeightChunks; return the (not yet sent) announcement."""
     folder = Path(folder)
-    files = _files(folder)
+    files = version_files(folder)
     count = sum(max(1, -(-p.stat().st_size // chunk_bytes)) for p in files)
     key = f"{model_name}:{version}"
     per_file, total, index, futures = {}, 0, 0, []
@@ -121,7 +122,7 @@ def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: s
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:08d}.", dir=dest.parent))
     try:
         per_file, total = {}, 0
-        for p in _files(Path(folder)):
+        for p in version_files(Path(folder)):
             per_file[p.name], n = _copy_hashing(p, tmp / p.name)
             total += n
         whole = manifest_digest(per_file)
@@ -174,10 +175,6 @@ def existing_fs(root: str | os.PathLike, model_name: str, version: int, step: in
                               sha256=have["sha256"], files=dict(have["files"]), step=step)
 
 
-def publish_nccl(*_args, **_kw):
-    raise SetupError("learner.weight_transport 'nccl' is not implemented yet: use 'kafka' or 'fs'")
-
-
 def announce(producer, ann: WeightAnnouncement, timeout_s: float = 60.0) -> None:
     """Publish the announcement (after every byte is durable) and wait for its ack."""
     producer.send(topics.WEIGHTS, ann, key=ann.model_name).get(timeout=timeout_s)
@@ -214,7 +211,9 @@ def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_
     if ann.transport == "kafka":
         return _receive_kafka(bus, ann, dest_root, timeout_s)
     if ann.transport == "nccl":
-        publish_nccl()
+        from cluster.weights_stream import receive_stream
+
+        return _materialise(ann, dest_root, lambda tmp: receive_stream(ann, tmp, timeout_s))
     raise WeightsCorrupt(f"weights v{ann.version}: unknown transport {ann.transport!r}")
 
 
@@ -224,24 +223,35 @@ def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float) ->
     m = _URI.match(ann.uri)
     if not m:
         raise WeightsCorrupt(f"weights v{ann.version}: bad kafka uri {ann.uri!r}")
+    topic, part, start = m["topic"], int(m["partition"]), int(m["offset"])
+
+    def fill(tmp: Path) -> dict[str, str]:
+        cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
+        try:
+            cons.kafka.seek(TopicPartition(bus.topic(topic), part), start)
+            return _stream_chunks(cons, ann, tmp, timeout_s)
+        finally:
+            cons.close()
+
+    return _materialise(ann, dest_root, fill)
+
+
+def _materialise(ann: WeightAnnouncement, dest_root, fill) -> Path:
+    """Have ``fill(tmp)`` write the version into a temp folder, check it, rename it into place."""
     dest = version_dir(dest_root, ann.model_name, ann.version)
     if dest.exists():
         verify_folder(dest, ann)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    topic, part, start = m["topic"], int(m["partition"]), int(m["offset"])
-    cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{ann.version:08d}.", dir=dest.parent))
     try:
-        cons.kafka.seek(TopicPartition(bus.topic(topic), part), start)
-        per_file = _stream_chunks(cons, ann, tmp, timeout_s)
+        per_file = fill(tmp)
         if per_file != ann.files or manifest_digest(per_file) != ann.sha256:
             bad = sorted(n for n in set(per_file) | set(ann.files) if per_file.get(n) != ann.files.get(n))
             raise WeightsCorrupt(f"weights v{ann.version}: files do not match the announcement ({bad or 'digest'})")
         _write_manifest(tmp, ann)
         os.rename(tmp, dest)
     finally:
-        cons.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
 

@@ -9,7 +9,8 @@ safetensors) + transport (+ announcement) of the policy, ``memcpy_gb_s`` an
 in-memory copy of the same number of bytes.
 
 Extra arguments after `bench learner`, as words: model=tiny|random-0.5b|PATH,
-batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs.
+batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs|nccl (nccl: export plus
+one receiver's fetch).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _options(rest: list[str]):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--publishes", type=int, default=3)
-    p.add_argument("--transport", default="auto", choices=["auto", "kafka", "fs"])
+    p.add_argument("--transport", default="auto", choices=["auto", "kafka", "fs", "nccl"])
     flat: list[str] = []
     for tok in rest:  # `kernelrl bench learner steps=3 model=random-0.5b` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -172,6 +173,16 @@ def _memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
     return nbytes / best / 1e9
 
 
+def _timed_receive(ann, dest: Path) -> float:
+    from cluster import weights_transport as wt
+
+    t = time.perf_counter()
+    wt.receive(None, ann, dest, timeout_s=600)
+    secs = time.perf_counter() - t
+    shutil.rmtree(dest)
+    return secs
+
+
 def _kafka_ready(cfg) -> tuple[bool, bool]:
     """(usable, started_here): a configured or running broker, else try to start the embedded one."""
     from cluster import broker
@@ -195,6 +206,7 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
         transport = "kafka" if ok else "fs"
     cfg.learner.weight_transport = transport
     cfg.learner.weight_fs_dir = str(tmp / "weights")
+    cfg.learner.weight_stream_drain_s = 0.0  # the one receiver has fetched every version already
     try:
         if transport == "kafka":
             from cluster import topics_admin
@@ -208,8 +220,11 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
         times, nbytes = [], 0
         for v in range(1, o.publishes + 1):
             ann, secs = pub.publish(trainer.policy_module(), v, v, model_path)
+            if transport == "nccl":  # the stream moves bytes only when asked: time one receiver's fetch too
+                secs += _timed_receive(ann, tmp / "recv")
             times.append(secs)
             nbytes = ann.total_bytes
+        pub.close()
     finally:
         if prod is not None:
             prod.close()

@@ -59,12 +59,17 @@ class Publisher:
         self.producer = producer
         lc = cfg.learner
         self.transport = lc.weight_transport
-        if self.transport == "nccl":
-            wt.publish_nccl()
+        self.stream = None
         if self.transport == "fs":
-            from cluster.config import cache_path
+            from cluster.config import run_cache_path
 
-            self.fs_root = lc.weight_fs_dir or str(cache_path(cfg, "weights"))
+            self.fs_root = lc.weight_fs_dir or str(run_cache_path(cfg, "weights"))
+        if self.transport == "nccl":
+            from cluster import weights_stream
+
+            self.fs_root = weights_stream.served_root(cfg)
+            if eng.rank_world()[0] == 0:
+                self.stream = weights_stream.server_from_config(cfg)
         if self.transport == "kafka" and producer is None and eng.rank_world()[0] == 0:
             raise SetupError("weight_transport 'kafka' needs a bus producer")
 
@@ -73,8 +78,10 @@ class Publisher:
         lc = self.cfg.learner
         t0 = time.perf_counter()
         ann = None
-        if self.transport == "fs" and eng.rank_world()[0] == 0:
+        if self.transport in ("fs", "nccl") and eng.rank_world()[0] == 0:
             ann = wt.existing_fs(self.fs_root, lc.model_name, version, step)
+            if ann is not None and self.stream is not None:
+                ann = self.stream.announcement(ann)
         if eng.broadcast_object(ann is not None):
             # already durable (a restart after publishing): announce it again, never rewrite a version
             if ann is not None and self.producer is not None:
@@ -92,9 +99,15 @@ class Publisher:
         lc = self.cfg.learner
         if self.transport == "kafka":
             ann = wt.publish_kafka(self.producer, lc.model_name, version, folder, lc.chunk_bytes, step=step)
+        elif self.transport == "nccl":
+            ann = self.stream.add(lc.model_name, version, folder, step=step)
         else:
             ann = wt.publish_fs(self.fs_root, lc.model_name, version, folder, step=step)
         if self.producer is not None:
             wt.announce(self.producer, ann)
         log.info("published %s v%d (%d bytes via %s)", lc.model_name, version, ann.total_bytes, self.transport)
         return ann
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close(self.cfg.learner.weight_stream_drain_s)

@@ -202,6 +202,7 @@ class LearnerRole:
                  {k: round(v, 4) for k, v in m.items() if isinstance(v, float)})
 
     def close(self) -> None:
+        self.publisher.close()
         for c in (self.consumer, self.producer):
             if c is not None:
                 c.close()
@@ -225,11 +226,9 @@ def _topic_partitions(bus, topic: str) -> list[int]:
 def default_ckpt_dir(cfg) -> str:
     """learner.checkpoint_dir, else <cache>/learner-ckpt/<topic prefix>: checkpoints hold Kafka positions,
     so they belong to one set of topics (each isolated `kernelrl up` run gets its own)."""
-    from cluster.config import cache_path
+    from cluster.config import run_cache_path
 
-    if cfg.learner.checkpoint_dir:
-        return cfg.learner.checkpoint_dir
-    return str(cache_path(cfg, "learner-ckpt", cfg.bus.topic_prefix.strip(".") or "default"))
+    return cfg.learner.checkpoint_dir or str(run_cache_path(cfg, "learner-ckpt"))
 
 
 def model_path_for(cfg) -> str:

@@ -1,11 +1,13 @@
-"""The vLLM actor on the real broker: weight versions arrive over Kafka, are verified and hot-swapped;
-admission control holds new episodes while the actor lags the newest announced version."""
+"""The vLLM actor on the real broker: weight versions arrive over Kafka chunks or the learner's stream, are
+verified and hot-swapped; admission control holds new episodes while the actor lags the newest announced
+version."""
 from __future__ import annotations
 
 import asyncio
 import time
 
 from actors.actor import Actor
+from cluster.weights_stream import WeightStreamServer
 from schemas.messages import WeightAnnouncement
 
 from .conftest import perturbed_copy
@@ -13,13 +15,16 @@ from .helpers import relu_task
 from .test_actor_process import _publish_tasks, _read_trajectories
 
 
-def _announce(cfg, version, folder=None, bogus=False):
+def _announce(cfg, version, folder=None, bogus=False, stream=None):
+    """Announce ``folder`` as ``version`` over Kafka chunks, or through ``stream`` (a WeightStreamServer)."""
     from cluster.bus import Bus
     from cluster.weights_transport import announce, publish_kafka
 
     with Bus(cfg, client_id="learner-test") as bus:
         prod = bus.producer()
-        if bogus:  # announced, but its bytes are nowhere: must never be applied
+        if stream is not None:
+            ann = stream.add(cfg.learner.model_name, version, folder)
+        elif bogus:  # announced, but its bytes are nowhere: must never be applied
             ann = WeightAnnouncement(model_name=cfg.learner.model_name, version=version, transport="fs",
                                      uri="/nonexistent/weights", num_chunks=1, total_bytes=1, sha256="0" * 64,
                                      files={"model.safetensors": "0" * 64})
@@ -68,9 +73,15 @@ def test_weights_over_kafka_hot_swap_and_admission_control(aloop, engine, tiny_m
         # held back (task 1 may show twice: at-least-once redelivery around a group rebalance)
         assert "w-task-2" not in actor.published_tasks and actor.stats["admission_waits"] > 0
 
-        _announce(cfg, v + 4, tiny_model)  # a good, newer version: the actor catches up and resumes
-        _wait(lambda: "w-task-2" in actor.published_tasks, what="the held task to run after catching up")
-        assert engine.version == v + 4 and actor.follower.lag == 0
+        # a good, newer version, streamed by a learner-side server (transport nccl, gloo on CPU): the actor
+        # catches up and resumes
+        stream = WeightStreamServer(tmp_path / "served", timeout_s=30)
+        try:
+            _announce(cfg, v + 4, tiny_model, stream=stream)
+            _wait(lambda: "w-task-2" in actor.published_tasks, what="the held task to run after catching up")
+        finally:
+            stream.close()
+        assert engine.version == v + 4 and actor.follower.lag == 0 and stream.served == 1
         trajs = [t for t in _read_trajectories(cfg, 2) if t.task_id == "w-task-2"]
         gen2 = trajs[0].loss_mask.astype(bool)
         assert (trajs[0].policy_version[gen2] == v + 4).all()

@@ -106,3 +106,19 @@ def test_weights_push_announces_next_version(cfg, tmp_path):
         assert [a.version for a in anns] == [1, 2] and all(isinstance(a, WeightAnnouncement) for a in anns)
         folder = wt.receive(bus, anns[-1], tmp_path / "recv")
         assert (folder / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+        # --transport nccl: the command serves the version itself (gloo here) until SIGTERM
+        serve = subprocess.Popen(KERNELRL + ["weights", "push", "--path", str(ckpt), "--transport", "nccl",
+                                             "--serve-s", "120"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            line = json.loads(serve.stdout.readline())
+            assert line["version"] == 3 and line["transport"] == "nccl" and line["uri"].startswith("nccl://")
+            ann = announcements(bus, cfg.learner.model_name)[-1]
+            assert (ann.version, ann.uri) == (3, line["uri"])
+            folder = wt.receive(bus, ann, tmp_path / "recv", timeout_s=60)
+            assert (folder / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+            serve.terminate()
+            _, err = serve.communicate(timeout=60)
+            assert serve.returncode == 0 and "served 1 transfers (0 failed)" in err, err[-2000:]
+        finally:
+            serve.kill()

@@ -1,4 +1,5 @@
-"""Weight publishing through Kafka chunks and a shared filesystem: bit-identical after reassembly, verified."""
+"""Weight publishing through Kafka chunks, a shared filesystem and the learner's collective stream (gloo on
+CPU): bit-identical after reassembly, verified."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +19,23 @@ from .conftest import learner_cfg
 from .helpers import make_traj
 
 ROOT = Path(__file__).resolve().parents[2]
+_RECEIVE = """
+import json, sys
+from cluster import weights_transport as wt
+from schemas.messages import WeightAnnouncement
+print(wt.receive(None, WeightAnnouncement(**json.loads(sys.argv[1])), sys.argv[2], timeout_s=float(sys.argv[3])))
+"""
+
+
+def _receive_elsewhere(ann, dest, timeout_s=60.0, wait=True):
+    """Receive ``ann`` in a child process; the folder it materialised (or the running child if not wait)."""
+    cmd = [sys.executable, "-c", _RECEIVE, json.dumps(ann.__dict__), str(dest), str(timeout_s)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return Path(run.stdout.strip().splitlines()[-1])
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
@@ -51,16 +69,23 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         ann_k = Publisher(cfg, prod).send(ref, version=1, step=1)
         cfg.learner.weight_transport = "fs"
         ann_f = Publisher(cfg, prod).send(ref, version=2, step=1)
+        cfg.learner.weight_transport, cfg.learner.weight_fs_dir = "nccl", str(tmp_path / "served")
+        cfg.learner.weight_stream_drain_s = 0.5
+        streamer = Publisher(cfg, prod)
+        ann_s = streamer.send(ref, version=3, step=1)
         anns = _announcements(bus)
-        assert [(a.version, a.transport) for a in anns] == [(1, "kafka"), (2, "fs")]
+        assert [(a.version, a.transport) for a in anns] == [(1, "kafka"), (2, "fs"), (3, "nccl")]
         assert ann_k.num_chunks > 2  # the safetensors file really was split
         got_k = wt.receive(bus, anns[0], tmp_path / "recv", timeout_s=30)
         got_f = wt.receive(bus, anns[1], tmp_path / "recv", timeout_s=30)
+        got_s = _receive_elsewhere(anns[2], tmp_path / "recv")  # as an actor would, from another process
+        streamer.close()
+        assert (streamer.stream.served, streamer.stream.failed) == (1, 0)
         want = _bytes(ref)
-        assert _bytes(got_k) == want and _bytes(got_f) == want
+        assert _bytes(got_k) == want and _bytes(got_f) == want and _bytes(got_s) == want
         assert "model.safetensors" in want and "tokenizer.json" in want
         lines = "".join(f"{n} {hashlib.sha256(b).hexdigest()}\n" for n, b in sorted(want.items()))
-        assert ann_k.sha256 == ann_f.sha256 == hashlib.sha256(lines.encode()).hexdigest()
+        assert ann_k.sha256 == ann_f.sha256 == ann_s.sha256 == hashlib.sha256(lines.encode()).hexdigest()
         # what the actors load is the trained policy
         loaded = AutoModelForCausalLM.from_pretrained(str(got_k), dtype=torch.float32)
         for name, p in tr.policy_module().named_parameters():
@@ -84,9 +109,16 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         gate.mark_applied(2)
         assert not gate.wants(anns[0])
         # a restarted learner re-publishing an fs version re-announces the durable folder, never rewrites it
+        cfg.learner.weight_transport, cfg.learner.weight_fs_dir = "fs", str(tmp_path / "fs")
         again, _ = Publisher(cfg, prod).publish(tr.policy_module(), 2, 1, tiny_model)
         assert again.uri == ann_f.uri and again.sha256 == ann_f.sha256
         assert [(a.version, a.transport) for a in _announcements(bus)][-1] == (2, "fs")
+        # ... and a restarted streaming learner serves the version it kept, at its new address
+        cfg.learner.weight_transport, cfg.learner.weight_fs_dir = "nccl", str(tmp_path / "served")
+        restarted = Publisher(cfg, prod)
+        again_s, _ = restarted.publish(tr.policy_module(), 3, 1, tiny_model)
+        restarted.close()
+        assert again_s.transport == "nccl" and again_s.sha256 == ann_s.sha256 and again_s.uri != ann_s.uri
     finally:
         prod.close()
         bus.close()

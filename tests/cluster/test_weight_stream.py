@@ -1,0 +1,175 @@
+"""The ``nccl`` weight transport on CPU (gloo): receivers in other processes get bit-identical, verified
+versions; a receiver that deserts or is SIGKILLed mid-transfer costs the server one transfer, never the
+next; versions the learner no longer holds, unreachable servers and corrupt announcements are clear errors
+and never materialise a folder."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import weights_stream as ws
+from cluster import weights_transport as wt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A receiver child. mode "ok" receives normally; "desert" takes a ticket and leaves; "die" is SIGKILLed by
+# itself after the second chunk, in the middle of the transfer.
+_CHILD = """
+import json, os, signal, sys
+from cluster import weights_stream as ws, weights_transport as wt
+from schemas.messages import WeightAnnouncement
+ann, dest, mode = WeightAnnouncement(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
+if mode == "desert":
+    import datetime, torch.distributed as dist
+    m = ws._URI.match(ann.uri)
+    store = dist.TCPStore(m["host"], int(m["port"]), None, False, datetime.timedelta(seconds=10))
+    n = store.add("tickets", 1)
+    store.set(f"t{n}/want", f"{ann.model_name}:{ann.version}")
+    os._exit(0)
+if mode == "die":
+    real, calls = ws._broadcast, []
+    def dying(pg, t):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(pg, t)
+    ws._broadcast = dying
+print(wt.receive(None, ann, dest, timeout_s=60))
+"""
+
+
+def _child(ann, dest: Path, mode: str = "ok") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(dest), mode], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in wt.version_files(folder)}
+
+
+@pytest.fixture()
+def src(tmp_path):
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(os.urandom(6 * 1024 * 1024 + 7))
+    (d / "config.json").write_text('{"model_type": "qwen2"}')
+    (d / "empty.txt").write_text("")
+    return d
+
+
+def test_stream_to_other_processes_survives_deserters_and_kills(src, tmp_path):
+    server = ws.WeightStreamServer(tmp_path / "served", backend="auto", chunk_bytes=1 << 20, timeout_s=8)
+    try:
+        assert server.backend == "gloo"  # no GPU here: the same protocol over gloo
+        ann = server.add("policy", 1, src, step=5)
+        assert ann.transport == "nccl" and ann.uri == f"nccl://127.0.0.1:{server.port}/policy/1" and ann.step == 5
+        # a deserter and a receiver killed mid-transfer queue ahead of two honest receivers
+        deserter = _child(ann, tmp_path / "r0", "desert")
+        assert deserter.wait(60) == 0
+        dying = _child(ann, tmp_path / "r1", "die")
+        assert dying.wait(60) == -9
+        honest = [_child(ann, tmp_path / f"r{i}") for i in (2, 3)]
+        outs = [p.communicate(timeout=120) for p in honest]
+        assert [p.returncode for p in honest] == [0, 0], [e[-2000:] for _, e in outs]
+        for (out, _), i in zip(outs, (2, 3)):
+            got = Path(out.strip().splitlines()[-1])
+            assert got == wt.version_dir(tmp_path / f"r{i}", "policy", 1)
+            assert _bytes(got) == _bytes(src)
+            assert json.loads((got / wt.MANIFEST).read_text())["sha256"] == ann.sha256
+        assert not wt.version_dir(tmp_path / "r1", "policy", 1).exists()  # the killed one applied nothing
+        assert (server.served, server.failed) == (2, 2)
+    finally:
+        server.close()
+
+
+def test_gone_unreachable_and_corrupt_versions_are_errors(src, tmp_path):
+    server = ws.WeightStreamServer(tmp_path / "served", keep=2, chunk_bytes=1 << 20, timeout_s=8)
+    try:
+        anns = [server.add("policy", v, src) for v in (1, 2, 3)]
+        assert sorted(p.name for p in (tmp_path / "served" / "policy").iterdir()) == ["v00000002", "v00000003"]
+        with pytest.raises(ws.WeightsGone, match="no longer held"):
+            wt.receive(None, anns[0], tmp_path / "recv", timeout_s=20)
+        bad = dataclasses.replace(anns[2], files={**anns[2].files, "config.json": "0" * 64})
+        with pytest.raises(wt.WeightsCorrupt):
+            wt.receive(None, bad, tmp_path / "recv", timeout_s=20)
+        assert not wt.version_dir(tmp_path / "recv", "policy", 3).exists()
+        assert [p.name for p in (tmp_path / "recv" / "policy").iterdir()] == []  # no temp folders left
+        assert _bytes(wt.receive(None, anns[2], tmp_path / "recv", timeout_s=20)) == _bytes(src)
+        # a restarted learner serves the versions it kept under a new address
+        again = ws.WeightStreamServer(tmp_path / "served", timeout_s=8)
+        try:
+            have = wt.existing_fs(tmp_path / "served", "policy", 2)
+            moved = again.announcement(have)
+            assert moved.uri.endswith(f":{again.port}/policy/2") and moved.sha256 == anns[1].sha256
+            assert _bytes(wt.receive(None, moved, tmp_path / "recv2", timeout_s=20)) == _bytes(src)
+        finally:
+            again.close()
+    finally:
+        server.close()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nowhere = dataclasses.replace(anns[2], uri=f"nccl://127.0.0.1:{port}/policy/3")
+    with pytest.raises(ws.WeightsUnreachable):
+        wt.receive(None, nowhere, tmp_path / "recv3", timeout_s=3)
+    assert not wt.version_dir(tmp_path / "recv3", "policy", 3).exists()
+
+
+def test_close_drains_for_late_receivers(src, tmp_path):
+    server = ws.WeightStreamServer(tmp_path / "served", timeout_s=8)
+    ann = server.add("policy", 1, src)
+    closer = threading.Thread(target=server.close, args=(3.0,))
+    closer.start()  # a learner ending right after its last publish
+    time.sleep(1.0)  # actors read the announcement a moment later
+    got = wt.receive(None, ann, tmp_path / "recv", timeout_s=20)
+    closer.join(30)
+    assert not closer.is_alive() and server.served == 1 and _bytes(got) == _bytes(src)
+    with pytest.raises(ws.WeightsUnreachable):
+        wt.receive(None, ann, tmp_path / "recv2", timeout_s=3)
+
+
+def test_backend_choice_is_validated():
+    from cluster.config import ConfigError, Config, validate
+    from cluster.errors import SetupError
+
+    cfg = Config()
+    cfg.learner.weight_stream_backend = "mpi"
+    with pytest.raises(ConfigError, match="learner.weight_stream_backend"):
+        validate(cfg)
+    cfg.learner.weight_stream_backend, cfg.learner.weight_stream_port = "auto", 70000
+    with pytest.raises(ConfigError, match="learner.weight_stream_port"):
+        validate(cfg)
+    with pytest.raises(SetupError, match="needs a GPU"):
+        ws.resolve_backend("nccl")
+
+
+@pytest.mark.gpu
+def test_stream_over_nccl_between_two_gpus(src, tmp_path):
+    """The NCCL backend: the server on GPU 0, the receiver a process that sees only GPU 1 (NCCL refuses two
+    ranks on one GPU, so this needs the two-GPU machine: `make test-gpu GPU_TESTS=tests/cluster/test_weight_stream.py`)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.fail(f"needs 2 GPUs (NCCL cannot pair two ranks on one), this machine has {torch.cuda.device_count()}")
+    torch.cuda.set_device(0)
+    server = ws.WeightStreamServer(tmp_path / "served", backend="nccl", chunk_bytes=1 << 20, timeout_s=60)
+    try:
+        ann = server.add("policy", 1, src)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "1"}
+        run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(tmp_path / "r"), "ok"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert _bytes(Path(run.stdout.strip().splitlines()[-1])) == _bytes(src)
+        assert (server.backend, server.served, server.failed) == ("nccl", 1, 0)
+    finally:
+        server.close()
