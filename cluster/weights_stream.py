@@ -166,36 +166,50 @@ class WeightStreamServer:
 
         self.store.wait([f"t{n}/want"], datetime.timedelta(seconds=10))  # set right after the ticket is taken
         model_name, _, version = self.store.get(f"t{n}/want").decode().rpartition(":")
+        if not version.isdigit() or not model_name or "/" in model_name or model_name.startswith("."):
+            raise KernelRLError(f"transfer {n}: bad request {model_name!r}:{version!r}")
         folder = wt.version_dir(self.root, model_name, int(version))
-        if not (folder / wt.MANIFEST).is_file():
+        try:
+            # opened up front: pruning may delete the folder mid-transfer, open files stay readable
+            handles = [open(p, "rb") for p in wt.version_files(folder)] if (folder / wt.MANIFEST).is_file() else []
+        except FileNotFoundError:
+            handles = []
+        if not handles:
             self.store.set(f"t{n}/header", json.dumps({"error": f"version {version} of {model_name!r} is no "
                                                                 f"longer held (the newest {self.keep} are)"}))
             return
-        files = [[p.name, p.stat().st_size] for p in wt.version_files(folder)]
+        try:
+            self._stream(n, handles)
+        finally:
+            for f in handles:
+                f.close()
+        log.info("weights %s v%s streamed to transfer %d", model_name, version, n)
+
+    def _stream(self, n: int, handles: list) -> None:
+        import os
+
+        files = [[Path(f.name).name, os.fstat(f.fileno()).st_size] for f in handles]
         self.store.set(f"t{n}/header", json.dumps({"backend": self.backend, "files": files,
                                                    "chunk": self.chunk_bytes}))
-        t0 = time.perf_counter()
         pg, device = _group(self.store, f"t{n}/pg/", 0, self.backend, self.timeout_s)
         try:
-            for name, size in files:
-                self._send_file(pg, device, folder / name, size)
+            for f, (_, size) in zip(handles, files):
+                self._send_file(pg, device, f, size)
             self.store.wait([f"t{n}/done"], datetime.timedelta(seconds=self.timeout_s))
         finally:
             _close_group(pg)
-        log.info("weights %s v%s streamed to transfer %d in %.2fs", model_name, version, n, time.perf_counter() - t0)
 
-    def _send_file(self, pg, device, path: Path, size: int) -> None:
+    def _send_file(self, pg, device, f, size: int) -> None:
         import torch
 
-        with open(path, "rb") as f:
-            left = size
-            while left > 0:
-                n = min(self.chunk_bytes, left)
-                buf = torch.frombuffer(bytearray(f.read(n)), dtype=torch.uint8)
-                if buf.numel() != n:
-                    raise KernelRLError(f"{path} shrank while being streamed")
-                _broadcast(pg, buf.to(device))
-                left -= n
+        left = size
+        while left > 0:
+            k = min(self.chunk_bytes, left)
+            buf = torch.frombuffer(bytearray(f.read(k)), dtype=torch.uint8)
+            if buf.numel() != k:
+                raise KernelRLError(f"{f.name} shrank while being streamed")
+            _broadcast(pg, buf.to(device))
+            left -= k
 
 
 def served_root(cfg) -> str:

@@ -22,7 +22,7 @@ from cluster import weights_transport as wt
 ROOT = Path(__file__).resolve().parents[2]
 
 # A receiver child. mode "ok" receives normally; "desert" takes a ticket and leaves; "die" is SIGKILLed by
-# itself after the second chunk, in the middle of the transfer.
+# itself after the second chunk, in the middle of the transfer; "slow" pauses 2 s after the first chunk.
 _CHILD = """
 import json, os, signal, sys
 from cluster import weights_stream as ws, weights_transport as wt
@@ -35,14 +35,18 @@ if mode == "desert":
     n = store.add("tickets", 1)
     store.set(f"t{n}/want", f"{ann.model_name}:{ann.version}")
     os._exit(0)
-if mode == "die":
+if mode in ("die", "slow"):
+    import time
     real, calls = ws._broadcast, []
-    def dying(pg, t):
+    def hooked(pg, t):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 3 and mode == "die":
             os.kill(os.getpid(), signal.SIGKILL)
+        if len(calls) == 2 and mode == "slow":
+            print("STREAMING", flush=True)
+            time.sleep(2.0)
         real(pg, t)
-    ws._broadcast = dying
+    ws._broadcast = hooked
 print(wt.receive(None, ann, dest, timeout_s=60))
 """
 
@@ -123,6 +127,21 @@ def test_gone_unreachable_and_corrupt_versions_are_errors(src, tmp_path):
     with pytest.raises(ws.WeightsUnreachable):
         wt.receive(None, nowhere, tmp_path / "recv3", timeout_s=3)
     assert not wt.version_dir(tmp_path / "recv3", "policy", 3).exists()
+
+
+def test_version_pruned_mid_transfer_still_arrives_whole(src, tmp_path):
+    server = ws.WeightStreamServer(tmp_path / "served", keep=1, chunk_bytes=1 << 20, timeout_s=30)
+    try:
+        ann = server.add("policy", 1, src)
+        slow = _child(ann, tmp_path / "r", "slow")
+        assert slow.stdout.readline().strip() == "STREAMING"
+        server.add("policy", 2, src)  # keep=1: v1's folder is deleted while it is being streamed
+        assert not wt.version_dir(tmp_path / "served", "policy", 1).exists()
+        out, err = slow.communicate(timeout=120)
+        assert slow.returncode == 0, err[-2000:]
+        assert _bytes(Path(out.strip().splitlines()[-1])) == _bytes(src)
+    finally:
+        server.close()
 
 
 def test_close_drains_for_late_receivers(src, tmp_path):
