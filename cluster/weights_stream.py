@@ -9,7 +9,11 @@ manifest) and serves one transfer at a time, so a stalled or killed actor costs 
 ``timeout_s`` and never stops the server. The actor hashes what it receives and checks it against the
 announcement exactly like the kafka path: a half-sent or corrupt version is never materialised.
 
-Store keys per ticket n (a counter the actor increments): ``t<n>/want`` = "<model>:<version>" (actor),
+Each transfer picks its backend: NCCL only when both sides have a GPU and they are different GPUs
+(NCCL refuses two ranks on one GPU, as on a one-GPU box running learner and actor), gloo otherwise.
+
+Store keys per ticket n (a counter the actor increments): ``t<n>/peer`` = the actor's GPU UUID or "",
+``t<n>/want`` = "<model>:<version>" (actor),
 ``t<n>/header`` = JSON {"backend", "files": [[name, size]...], "chunk"} or {"error"} (learner),
 ``t<n>/done`` (actor, after the last byte) and the group's own keys under the ``t<n>/pg`` prefix.
 """
@@ -42,7 +46,8 @@ class WeightsUnreachable(RetriableError):
 
 
 def resolve_backend(want: str) -> str:
-    """auto -> nccl when this process sees a GPU, else gloo; an explicit nccl without a GPU is a setup error."""
+    """The server's preference: auto -> nccl when this process sees a GPU, else gloo; an explicit nccl without
+    a GPU is a setup error. Each transfer may still fall back to gloo (``pick_backend``)."""
     import torch
 
     has_gpu = torch.cuda.is_available()
@@ -51,6 +56,21 @@ def resolve_backend(want: str) -> str:
     if want == "nccl" and not has_gpu:
         raise SetupError("learner.weight_stream_backend 'nccl' needs a GPU in this process: use 'gloo' or 'auto'")
     return want
+
+
+def gpu_uuid() -> str:
+    """This process's current GPU (its UUID), or "" without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return str(getattr(props, "uuid", "") or "")  # unknown: treated as no GPU, so gloo (safe)
+
+
+def pick_backend(configured: str, mine: str, peer: str) -> str:
+    """The backend of one transfer: NCCL needs a GPU on both sides, and two different ones."""
+    return "nccl" if configured == "nccl" and mine and peer and mine != peer else "gloo"
 
 
 def _group(store, prefix: str, rank: int, backend: str, timeout_s: float):
@@ -91,6 +111,7 @@ class WeightStreamServer:
 
         self.root, self.host, self.keep = Path(root), host, max(1, keep)
         self.backend = resolve_backend(backend)
+        self.gpu = gpu_uuid() if self.backend == "nccl" else ""
         self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
         try:
             self.store = dist.TCPStore("0.0.0.0", port, None, True, datetime.timedelta(seconds=timeout_s),
@@ -100,6 +121,7 @@ class WeightStreamServer:
         self.port = int(self.store.port)
         self.served = 0
         self.failed = 0
+        self.by_backend = {"nccl": 0, "gloo": 0}  # finished transfers per backend
         self._last = time.monotonic()  # newest add or finished transfer: close() drains from here
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="weight-stream", daemon=True)
@@ -189,13 +211,17 @@ class WeightStreamServer:
         import os
 
         files = [[Path(f.name).name, os.fstat(f.fileno()).st_size] for f in handles]
-        self.store.set(f"t{n}/header", json.dumps({"backend": self.backend, "files": files,
-                                                   "chunk": self.chunk_bytes}))
-        pg, device = _group(self.store, f"t{n}/pg/", 0, self.backend, self.timeout_s)
+        peer = self.store.get(f"t{n}/peer").decode()
+        backend = pick_backend(self.backend, self.gpu, peer)
+        if backend != self.backend:
+            log.info("transfer %d: gloo, the receiver %s", n, "shares this GPU" if peer else "has no GPU")
+        self.store.set(f"t{n}/header", json.dumps({"backend": backend, "files": files, "chunk": self.chunk_bytes}))
+        pg, device = _group(self.store, f"t{n}/pg/", 0, backend, self.timeout_s)
         try:
             for f, (_, size) in zip(handles, files):
                 self._send_file(pg, device, f, size)
             self.store.wait([f"t{n}/done"], datetime.timedelta(seconds=self.timeout_s))
+            self.by_backend[backend] += 1
         finally:
             _close_group(pg)
 
@@ -245,6 +271,7 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
         raise WeightsUnreachable(f"weights v{ann.version}: learner's weight server {host}:{m['port']} "
                                  f"unreachable ({exc})") from exc
     n = store.add("tickets", 1)
+    store.set(f"t{n}/peer", gpu_uuid())  # before want: the server reads it once want is there
     store.set(f"t{n}/want", f"{ann.model_name}:{ann.version}")
     try:
         store.wait([f"t{n}/header"], timeout)
@@ -254,9 +281,8 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
     if "error" in header:
         raise WeightsGone(f"weights v{ann.version}: {header['error']}")
     backend = header["backend"]
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise SetupError("the learner streams weights over NCCL but this actor has no GPU: set "
-                         "learner.weight_stream_backend = 'gloo' on the learner, or use the kafka transport")
+    if backend == "nccl" and not torch.cuda.is_available():  # the server only picks it when we said we have one
+        raise KernelRLError(f"weights v{ann.version}: the weight server chose NCCL for a receiver without a GPU")
     pg, device = _group(store, f"t{n}/pg/", 1, backend, timeout_s)
     hashes: dict[str, str] = {}
     try:

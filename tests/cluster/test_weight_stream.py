@@ -91,7 +91,7 @@ def test_stream_to_other_processes_survives_deserters_and_kills(src, tmp_path):
             assert _bytes(got) == _bytes(src)
             assert json.loads((got / wt.MANIFEST).read_text())["sha256"] == ann.sha256
         assert not wt.version_dir(tmp_path / "r1", "policy", 1).exists()  # the killed one applied nothing
-        assert (server.served, server.failed) == (2, 2)
+        assert (server.served, server.failed) == (2, 2) and server.by_backend == {"nccl": 0, "gloo": 2}
     finally:
         server.close()
 
@@ -170,12 +170,19 @@ def test_backend_choice_is_validated():
         validate(cfg)
     with pytest.raises(SetupError, match="needs a GPU"):
         ws.resolve_backend("nccl")
+    assert ws.resolve_backend("auto") == "gloo" and ws.gpu_uuid() == ""
+    # per transfer: NCCL only between two different GPUs
+    assert ws.pick_backend("nccl", "GPU-a", "GPU-b") == "nccl"
+    assert ws.pick_backend("nccl", "GPU-a", "GPU-a") == "gloo"  # learner and actor on one GPU
+    assert ws.pick_backend("nccl", "GPU-a", "") == "gloo"  # a receiver without a GPU
+    assert ws.pick_backend("gloo", "GPU-a", "GPU-b") == "gloo"
 
 
 @pytest.mark.gpu
 def test_stream_over_nccl_between_two_gpus(src, tmp_path):
     """The NCCL backend: the server on GPU 0, the receiver a process that sees only GPU 1 (NCCL refuses two
-    ranks on one GPU, so this needs the two-GPU machine: `make test-gpu GPU_TESTS=tests/cluster/test_weight_stream.py`)."""
+    ranks on one GPU, so this needs the two-GPU machine: `make test-gpu GPU_TESTS=tests/cluster/test_weight_stream.py`);
+    then a receiver on GPU 0 itself, which gets gloo."""
     import torch
 
     if torch.cuda.device_count() < 2:
@@ -189,6 +196,13 @@ def test_stream_over_nccl_between_two_gpus(src, tmp_path):
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert _bytes(Path(run.stdout.strip().splitlines()[-1])) == _bytes(src)
-        assert (server.backend, server.served, server.failed) == ("nccl", 1, 0)
+        # a receiver on the server's own GPU falls back to gloo instead of failing
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+        same = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(tmp_path / "s"), "ok"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert same.returncode == 0, same.stderr[-3000:]
+        assert _bytes(Path(same.stdout.strip().splitlines()[-1])) == _bytes(src)
+        assert (server.backend, server.served, server.failed) == ("nccl", 2, 0)
+        assert server.by_backend == {"nccl": 1, "gloo": 1}
     finally:
         server.close()
