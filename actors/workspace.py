@@ -65,10 +65,9 @@ class Workspace:
                 shutil.copy2(src, dest)
                 if not solution:
                     protected.add(rel)
-        abi = skills_dir / "infra" / "krl_abi.h"  # one copy of the fixed ABI header, shared by every backend
-        if abi.is_file():
-            shutil.copy2(abi, root / abi.name)
-            protected.add(abi.name)
+        for header in sorted((skills_dir / "infra").glob("*.h")):  # the fixed headers, shared by every backend
+            shutil.copy2(header, root / header.name)
+            protected.add(header.name)
         (root / KERNEL_DIR).mkdir(exist_ok=True)
         (root / MODEL_PY).write_text(model_py)
         ws = cls(root=root, protected=protected)

@@ -19,7 +19,8 @@ HEADER_EXTS = (".h", ".hpp", ".cuh")
 MAX_FILE_BYTES = 256 * 1024
 MAX_TOTAL_BYTES = 2 * 1024 * 1024
 MAX_KERNEL_FILES = 32
-FIXED_HEADERS = {"krl_abi.h"}
+# skills/infra's headers (krl_abi.h, krl_math.h): built with every workspace, never taken from one
+FIXED_HEADERS = {p.name for p in (Path(__file__).resolve().parents[1] / "skills" / "infra").glob("*.h")}
 
 
 class WorkspaceError(KernelRLError):

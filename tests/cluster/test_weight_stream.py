@@ -8,8 +8,6 @@ import dataclasses
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,43 +17,8 @@ import pytest
 from cluster import weights_stream as ws
 from cluster import weights_transport as wt
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# A receiver child. mode "ok" receives normally; "desert" takes a ticket and leaves; "die" is SIGKILLed by
-# itself after the second chunk, in the middle of the transfer; "slow" pauses 2 s after the first chunk.
-_CHILD = """
-import json, os, signal, sys
-from cluster import weights_stream as ws, weights_transport as wt
-from schemas.messages import WeightAnnouncement
-ann, dest, mode = WeightAnnouncement(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
-if mode == "desert":
-    import datetime, torch.distributed as dist
-    m = ws._URI.match(ann.uri)
-    store = dist.TCPStore(m["host"], int(m["port"]), None, False, datetime.timedelta(seconds=10))
-    n = store.add("tickets", 1)
-    store.set(f"t{n}/want", f"{ann.model_name}:{ann.version}")
-    os._exit(0)
-if mode in ("die", "slow"):
-    import time
-    real, calls = ws._broadcast, []
-    def hooked(pg, t):
-        calls.append(1)
-        if len(calls) == 3 and mode == "die":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if len(calls) == 2 and mode == "slow":
-            print("STREAMING", flush=True)
-            time.sleep(2.0)
-        real(pg, t)
-    ws._broadcast = hooked
-print(wt.receive(None, ann, dest, timeout_s=60))
-"""
-
-
-def _child(ann, dest: Path, mode: str = "ok") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(dest), mode], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
+from .weights_receiver import receive_in_child
+from .weights_receiver import spawn as _child
 
 def _bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in wt.version_files(folder)}
@@ -191,17 +154,9 @@ def test_stream_over_nccl_between_two_gpus(src, tmp_path):
     server = ws.WeightStreamServer(tmp_path / "served", backend="nccl", chunk_bytes=1 << 20, timeout_s=60)
     try:
         ann = server.add("policy", 1, src)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "1"}
-        run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(tmp_path / "r"), "ok"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert _bytes(Path(run.stdout.strip().splitlines()[-1])) == _bytes(src)
+        assert _bytes(receive_in_child(ann, tmp_path / "r", CUDA_VISIBLE_DEVICES="1")) == _bytes(src)
         # a receiver on the server's own GPU falls back to gloo instead of failing
-        env["CUDA_VISIBLE_DEVICES"] = "0"
-        same = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ann.__dict__), str(tmp_path / "s"), "ok"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert same.returncode == 0, same.stderr[-3000:]
-        assert _bytes(Path(same.stdout.strip().splitlines()[-1])) == _bytes(src)
+        assert _bytes(receive_in_child(ann, tmp_path / "s", CUDA_VISIBLE_DEVICES="0")) == _bytes(src)
         assert (server.backend, server.served, server.failed) == ("nccl", 2, 0)
         assert server.by_backend == {"nccl": 1, "gloo": 1}
     finally:

@@ -14,28 +14,12 @@ import pytest
 from cluster import weights_transport as wt
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
+from tests.cluster.weights_receiver import receive_in_child
 
 from .conftest import learner_cfg
 from .helpers import make_traj
 
 ROOT = Path(__file__).resolve().parents[2]
-_RECEIVE = """
-import json, sys
-from cluster import weights_transport as wt
-from schemas.messages import WeightAnnouncement
-print(wt.receive(None, WeightAnnouncement(**json.loads(sys.argv[1])), sys.argv[2], timeout_s=float(sys.argv[3])))
-"""
-
-
-def _receive_elsewhere(ann, dest, timeout_s=60.0, wait=True):
-    """Receive ``ann`` in a child process; the folder it materialised (or the running child if not wait)."""
-    cmd = [sys.executable, "-c", _RECEIVE, json.dumps(ann.__dict__), str(dest), str(timeout_s)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if not wait:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return Path(run.stdout.strip().splitlines()[-1])
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
@@ -78,7 +62,7 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         assert ann_k.num_chunks > 2  # the safetensors file really was split
         got_k = wt.receive(bus, anns[0], tmp_path / "recv", timeout_s=30)
         got_f = wt.receive(bus, anns[1], tmp_path / "recv", timeout_s=30)
-        got_s = _receive_elsewhere(anns[2], tmp_path / "recv")  # as an actor would, from another process
+        got_s = receive_in_child(anns[2], tmp_path / "recv")  # as an actor would, from another process
         streamer.close()
         assert (streamer.stream.served, streamer.stream.failed) == (1, 0)
         want = _bytes(ref)

@@ -37,14 +37,19 @@ def test_cuda_side_stream_rejected_before_build(sb_cfg):
     assert not out.ok and "side_stream" in out.violations
 
 
-def test_workspace_header_is_the_fixed_one(tmp_path):
+def test_workspace_headers_are_the_fixed_ones(tmp_path):
     from actors.workspace import Workspace
+    from sandbox_workers.workspace import FIXED_HEADERS, WorkspaceError, validate
 
-    infra = (ROOT / "skills" / "infra" / "krl_abi.h").read_text()
-    for backend in ("cpu", "cuda"):
-        ws = Workspace.create(tmp_path / backend, "ep", "class Model: pass\n", backend)
-        assert (ws.root / "krl_abi.h").read_text() == infra
-        assert "krl_abi.h" in ws.protected
+    assert FIXED_HEADERS == {"krl_abi.h", "krl_math.h"}
+    for name in sorted(FIXED_HEADERS):
+        infra = (ROOT / "skills" / "infra" / name).read_text()
+        for backend in ("cpu", "cuda"):
+            ws = Workspace.create(tmp_path / backend, "ep", "class Model: pass\n", backend)
+            assert (ws.root / name).read_text() == infra
+            assert name in ws.protected
+        with pytest.raises(WorkspaceError, match="fixed infrastructure"):  # a request cannot shadow one
+            validate({f"kernels/{name}": "#pragma once\n"}, "cpu")
 
 
 def test_examples_pass_static_guards():

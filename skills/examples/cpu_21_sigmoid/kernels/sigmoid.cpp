@@ -1,35 +1,17 @@
 // Sigmoid over a contiguous float32 buffer: OpenMP across cores, SIMD within a core.
 //
 // libm's expf is a scalar call that blocks vectorisation (without -ffast-math), so the
-// loop uses an inlined, branch-free expf (Cody-Waite range reduction + degree-6
-// polynomial, ~1 ulp) that GCC vectorises to AVX2/AVX-512 under `omp simd`.
+// loop uses simd_expf from krl_math.h (inline, branch-free, ~1 ulp), which GCC vectorises
+// to AVX2/AVX-512 under `omp simd`.
 #include <cmath>
 #include <cstdint>
 #include "krl_abi.h"
-
-// e^x for x clamped to [-87, 88] (2^n stays a normal float); branch-free so it vectorises.
-// (GCC 12 keeps the loop scalar for std::floor / std::fmin / std::fmax without -ffast-math:
-// hence std::nearbyint for the rounding and plain ternaries for the clamps.)
-static inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = std::nearbyint(x * 1.44269504088896341f);  // round(x / ln2)
-  float r = x - n * 0.693359375f;                                 // x - n*ln2 (hi part)
-  r = r - n * -2.12194440e-4f;                                    // (lo part)
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;  // e^r on [-ln2/2, ln2/2]
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  return p * __builtin_bit_cast(float, bits);
-}
+#include "krl_math.h"
 
 extern "C" void sigmoid_f32(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    y[i] = 1.0f / (1.0f + exp_approx(-x[i]));
+    y[i] = 1.0f / (1.0f + simd_expf(-x[i]));
   }
 }
 KRL_OP(sigmoid_f32, "const f32* x, f32* y, i64 n")

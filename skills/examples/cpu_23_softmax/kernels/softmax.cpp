@@ -1,31 +1,12 @@
 // Row-wise softmax over a [rows, cols] float32 buffer (torch.softmax(x, dim=1) of a 2-D input).
 // OpenMP splits rows across cores; each row takes three SIMD passes that stay in cache for
 // moderate rows: max, exp(x - max) written to y with a blocked sum, then y *= 1/sum.
-// std::exp does not vectorise without -ffast-math, so exp is a branch-free Cephes-style
-// polynomial (about 1 ulp) that `omp simd` turns into AVX2/AVX-512 code (no floorf, no
-// function calls, the 2^n scale built from its bit pattern).
+// std::exp does not vectorise without -ffast-math, so exp is simd_expf from krl_math.h (a
+// branch-free Cephes-style polynomial, about 1 ulp) that `omp simd` turns into AVX2/AVX-512 code.
 #include <cmath>
 #include <cstdint>
 #include "krl_abi.h"
-
-static inline float exp_simd(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  // round(x / ln2) to nearest with the 1.5 * 2^23 trick (floorf does not vectorise without -ffast-math)
-  const float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = x - fx * 0.693359375f;                                 // x - n*ln2, split in two parts
-  r = r - fx * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = ((int32_t)fx + 127) << 23;                 // 2^n
-  union { int32_t i; float f; } u;
-  u.i = bits;
-  return p * u.f;
-}
+#include "krl_math.h"
 
 extern "C" void softmax_rows_f32(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
                                  int64_t cols) {
@@ -43,7 +24,7 @@ extern "C" void softmax_rows_f32(const float* __restrict__ x, float* __restrict_
       float s = 0.0f;
 #pragma omp simd reduction(+ : s)
       for (int64_t j = j0; j < j1; ++j) {
-        const float e = exp_simd(xr[j] - m);
+        const float e = simd_expf(xr[j] - m);
         yr[j] = e;
         s += e;
       }
