@@ -54,6 +54,4 @@ class BusFilter:
 
     def close(self) -> None:
         self.client.close()
-        close = getattr(self.bus, "close", None)
-        if close:
-            close()
+        self.bus.close()

@@ -129,7 +129,7 @@ class FilterSession:
 
     def check(self, source: str, timeout_s: float, cfg: FilterConfig | None = None) -> Verdict:
         if cfg is not None and cfg != self.cfg:  # the config travels in the child's header
-            self._stop()
+            self._close_child()
             self.cfg = cfg
         budget = timeout_s
         if self._child is None:
@@ -157,11 +157,8 @@ class FilterSession:
             self._on_exit(child.proc.pid)
         return err
 
-    def _stop(self) -> None:
-        self._close_child()
-
     def close(self) -> None:
-        self._stop()
+        self._close_child()
         self._dir.cleanup()
 
 
