@@ -126,7 +126,7 @@ def _verify(args, cfg) -> int:
 
     backend = args.backend or cfg.sandbox.backend
     folder = _task_dir(args, cfg)
-    entries = load_tasks(folder, backend=backend)
+    entries = load_tasks(folder, backend=backend, include_rejected=True)
     fcfg = FilterConfig(backend=backend, min_ms=args.min_ms, max_ms=args.max_ms,
                         check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
     checker = _bus_checker(args, cfg)
@@ -142,21 +142,34 @@ def _verify(args, cfg) -> int:
         failed += not v.ok
         status = "ok" if v.ok else f"REJECT {v.rule}: {v.reason[:100]}"
         print(f"{e.task_id:28s} {v.eager_ms:9.3f} ms  {e.name[:48]:48s} {status}")
-        if args.write and v.ok:
-            e.metadata.setdefault("filter", {}).update(eager_ms=round(v.eager_ms, 4), backend=backend,
-                                                      compiled=fcfg.check_compile)
-            e.metadata["runtime_verified"] = True
-    if args.write:
-        write_index(folder, [e for e, v in zip(entries, verdicts) if v.ok])
+        if args.write:
+            _record_verdict(e, v, backend, fcfg.check_compile)
+    if args.write:  # rejected tasks stay in the index, marked, so `tasks verify` can look at them again
+        write_index(folder, entries)
     print(f"{len(entries) - failed}/{len(entries)} tasks pass the filter on {backend}")
     return 0 if failed == 0 else 1
+
+
+def _record_verdict(entry, verdict, backend: str, compiled: bool) -> None:
+    """Pass: the measured runtime, runtime_verified. Reject: why, so load_tasks leaves the task out."""
+    meta = entry.metadata
+    if verdict.ok:
+        meta.setdefault("filter", {}).update(eager_ms=round(verdict.eager_ms, 4), backend=backend, compiled=compiled)
+        meta["runtime_verified"] = True
+        meta.pop("rejected", None)
+    else:
+        meta["runtime_verified"] = False
+        meta["rejected"] = {"backend": backend, "rule": verdict.rule, "reason": verdict.reason[:300],
+                            "eager_ms": round(verdict.eager_ms, 4)}
 
 
 def _list(args, cfg) -> int:
     from actors.tasks.dataset import load_tasks
 
-    for e in load_tasks(_task_dir(args, cfg), backend=args.backend):
-        print(f"{e.task_id:32s} {e.backend:4s} L{e.level} {e.name}")
+    for e in load_tasks(_task_dir(args, cfg), backend=args.backend, include_rejected=True):
+        rej = e.metadata.get("rejected")
+        mark = f"  REJECTED on {rej.get('backend')}: {rej.get('rule')}" if rej else ""
+        print(f"{e.task_id:32s} {e.backend:4s} L{e.level} {e.name}{mark}")
     return 0
 
 

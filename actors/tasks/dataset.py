@@ -65,8 +65,12 @@ def _level_of(path: Path) -> int:
 
 
 def load_tasks(folder: str | os.PathLike, backend: str | None = None, level: int | None = None,
-               default_backend: str = "cuda") -> list[TaskEntry]:
-    """Every task in a folder (through its index when there is one), optionally one backend/level only."""
+               default_backend: str = "cuda", include_rejected: bool = False) -> list[TaskEntry]:
+    """Every task in a folder (through its index when there is one), optionally one backend/level only.
+
+    Tasks that `kernelrl tasks verify --write` rejected (``metadata.rejected``: constant output, runtime
+    out of the window on the real device, ...) are left out unless ``include_rejected``.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise DatasetError(f"task folder {str(folder)!r} does not exist")
@@ -77,6 +81,12 @@ def load_tasks(folder: str | os.PathLike, backend: str | None = None, level: int
         entries = _scan(folder, default_backend)
     out = [e for e in entries if (backend in (None, "all") or e.backend == backend)
            and (level is None or e.level == level)]
+    if not include_rejected:
+        rejected = [e for e in out if e.metadata.get("rejected")]
+        if rejected:
+            log.info("%d task(s) in %s left out: rejected by `tasks verify` (%s)", len(rejected), folder,
+                     ", ".join(sorted({e.metadata["rejected"].get("rule", "?") for e in rejected})))
+            out = [e for e in out if not e.metadata.get("rejected")]
     if not out:
         what = f" for backend {backend!r}" if backend not in (None, "all") else ""
         raise DatasetError(f"no tasks{what} in {str(folder)!r}")

@@ -122,10 +122,23 @@ class BusSolutions:
             close()
 
 
-def run_solutions(entries: list[TaskEntry], sol_dir: Path, runner, workers: int = 1) -> list[TaskResult]:
-    """One TaskResult per task, in order; evaluation failures become incorrect results, never exceptions."""
+def run_solutions(entries: list[TaskEntry], sol_dir: Path, runner, workers: int = 1,
+                  on_result=None, resolved: dict[str, dict | None] | None = None) -> list[TaskResult]:
+    """One TaskResult per task, in order; evaluation failures become incorrect results, never exceptions.
+
+    ``on_result(res)`` is called as each task finishes (in completion order), so a long run shows
+    progress and a run that is stopped half-way keeps what it finished. ``resolved`` (task id ->
+    files) holds solutions looked up before the tasks were rewritten (shrunk shapes no longer match
+    a solution's model.py).
+    """
     def one(entry: TaskEntry) -> TaskResult:
-        files = find_solution(sol_dir, entry)
+        res = _one(entry)
+        if on_result is not None:
+            on_result(res)
+        return res
+
+    def _one(entry: TaskEntry) -> TaskResult:
+        files = resolved.get(entry.task_id) if resolved is not None else find_solution(sol_dir, entry)
         if files is None:
             return _missing(entry)
         t0 = time.monotonic()
@@ -143,7 +156,7 @@ def run_solutions(entries: list[TaskEntry], sol_dir: Path, runner, workers: int 
         return list(pool.map(one, entries))
 
 
-async def run_episodes(cfg, entries: list[TaskEntry], model_path: str = "") -> list[TaskResult]:
+async def run_episodes(cfg, entries: list[TaskEntry], model_path: str = "", on_result=None) -> list[TaskResult]:
     """The vllm/openai hook: one agent episode per task through the actor's episode runner.
 
     Needs the bus and the sandbox workers running (e.g. under `kernelrl up`). The episode's
@@ -161,6 +174,8 @@ async def run_episodes(cfg, entries: list[TaskEntry], model_path: str = "") -> l
             ev = dict(traj.evidence or {})
             ev.setdefault("reward", traj.reward)
             out.append(TaskResult.from_eval(entry.task_id, entry.name, entry.level, entry.backend, ev))
+            if on_result is not None:
+                on_result(out[-1])
     finally:
         await policy.close()
     return out

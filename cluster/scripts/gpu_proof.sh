@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # GPU proof of the reward oracle and the learner in one device session (docs/oracle-gpu.md,
 # docs/learner-gpu.md). Run from the repo root on the GPU machine:
-#   bash cluster/scripts/gpu_proof.sh [phase ...]      phases: env pytest bench learner cv evals tasks kbeval
+#   bash cluster/scripts/gpu_proof.sh [phase ...]   phases: env pytest bench learner cv evals tasks kbeval bus
 #   (default: the first six). tasks: the built-in GPU-sized tasks through the execution filter on the GPU
 #   (index.json with measured runtimes -> $OUT); kbeval: `kernelrl eval` of skills/examples over KernelBench
-#   level 1 at $KB (a copy of ../shared/kernelbench carried to the device) -> $OUT/kbeval/.
+#   level 1 at $KB (a copy of ../shared/kernelbench carried to the device) -> $OUT/kbeval/; bus: the embedded
+#   broker, a compile worker and `eval-worker --device 0` on the GPU, `stress sandbox --backend cuda` and
+#   `eval --via bus` against them (needs $BUNDLE, default .gpukafka, from cluster/scripts/gpu_bundle.sh).
 # Environment: OUT (results folder), BUDGET_S (seconds for the whole script), ONLY (examples for `evals`),
-# CV_EXAMPLE / CV_REPEATS (for `cv`), PYTEST_K (a -k filter for `pytest`), TASK_WORKERS, KB. Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
+# CV_EXAMPLE / CV_REPEATS (for `cv`), PYTEST_K (a -k filter for `pytest`), TASK_WORKERS, KB, BUNDLE, BUS_DEVICE,
+# STRESS_S, STRESS_RATE, STRESS_EXAMPLES (for `bus`). Results: $OUT/{env.txt,pytest.log,bench_compile.json,learner.json,
 # learner.log,evals.jsonl,cv.jsonl,proof.log}.
 set -u
 OUT=${OUT:-$PWD/gpu-proof-out}
@@ -84,9 +87,35 @@ fi
 
 if has kbeval; then
   log "eval skills/examples over KernelBench level 1 (${KB:-.kb})"
-  timeout $(cap 300) $PY -m cluster.cli eval --tasks "${KB:-.kb}" --level 1 --policy solutions \
+  timeout $(cap 300) $PY -m cluster.cli eval --tasks "${KB:-.kb}" --level 1 --only-solved --shrink-inputs 67108864 \
     --solutions skills/examples --backend cuda --out "$OUT/kbeval" --json > "$OUT/kbeval.log" 2>&1
   log "kbeval rc=$? $(tail -c 400 "$OUT/kbeval.log")"
+fi
+
+if has bus; then
+  log "bus: embedded Kafka, compile worker, eval-worker --device ${BUS_DEVICE:-0}"
+  B=${BUNDLE:-.gpukafka}
+  if [ -f "$B/kafka-jre.tar.xz" ]; then  # the GPU image has no Java and no kafka-python
+    mkdir -p "$KERNELRL_CACHE" && tar -xJf "$B/kafka-jre.tar.xz" -C "$KERNELRL_CACHE"
+    export PATH="$KERNELRL_CACHE/jre/bin:$PATH"
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$B"/wheels/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  KRL="$PY -m cluster.cli"
+  DEV=${BUS_DEVICE:-0}; BK=cuda; [ "$DEV" = cpu ] && BK=cpu  # BUS_DEVICE=cpu: a dry run of this phase anywhere
+  if $KRL broker start --json > "$OUT/broker.json" 2>> "$OUT/proof.log"; then
+    $KRL topics create >> "$OUT/proof.log" 2>&1
+    $KRL -v compile-worker > "$OUT/compile_worker.log" 2>&1 & CW=$!
+    $KRL -v eval-worker --device "$DEV" > "$OUT/eval_worker.log" 2>&1 & EW=$!
+    timeout $(cap 200) $KRL stress sandbox --backend $BK --tasks "${KB:-.kb}/level1" --examples "${STRESS_EXAMPLES:-12_Gemm*}" \
+      --duration "${STRESS_S:-40}" --rate "${STRESS_RATE:-1}" --eval-fraction 0.3 --timeout 180 --json > "$OUT/stress.json" 2>> "$OUT/proof.log"
+    log "stress rc=$? $(cat "$OUT/stress.json")"
+    timeout $(cap 300) $KRL eval --via bus --tasks "${KB:-.kb}" --level 1 --only-solved --shrink-inputs 67108864 \
+      --solutions skills/examples --backend $BK --out "$OUT/kbeval_bus" --json > "$OUT/kbeval_bus.log" 2>&1
+    log "eval --via bus rc=$? $(tail -c 600 "$OUT/kbeval_bus.log")"
+    kill -TERM $CW $EW; wait $CW; c=$?; wait $EW; log "SIGTERM: compile worker rc=$c, eval worker rc=$?"
+  fi
+  $KRL broker stop >> "$OUT/proof.log" 2>&1
 fi
 
 if [ -n "$BENCH_PID" ]; then

@@ -86,3 +86,31 @@ def test_verify_reruns_the_filter_on_a_folder(tmp_path, capsys):
     assert main(["tasks", "verify", "--dir", str(out), "--backend", "cpu", "--min-ms", "400", "--max-ms", "500",
                  "--no-compile-check"]) == 1
     assert "REJECT runtime_window" in capsys.readouterr().out
+
+
+def test_verify_write_marks_rejected_tasks_and_loaders_leave_them_out(tmp_path, capsys):
+    """A task rejected on the real device (e.g. too fast on the GPU) stays in the index, marked; training skips it."""
+    from actors.tasks.dataset import DatasetError, load_tasks
+    from cluster.cli import main
+
+    out = tmp_path / "synth"
+    assert main(["tasks", "synthesize", "--n", "2", "--backend", "cpu", "--out", str(out), "--seed", "9",
+                 "--mix", "2:1", "--min-ms", "0", "--max-ms", "500", "--no-compile-check", "--eval-set", ""]) == 0
+    ids = sorted(e.task_id for e in load_tasks(out, backend="cpu"))
+    window = ["--backend", "cpu", "--no-compile-check", "--write"]
+    assert main(["tasks", "verify", "--dir", str(out), "--min-ms", "400", "--max-ms", "500", *window]) == 1
+    rows = load_tasks(out, backend="cpu", include_rejected=True)
+    assert sorted(e.task_id for e in rows) == ids  # nothing dropped from the index
+    for e in rows:
+        assert e.metadata["rejected"]["rule"] == "runtime_window" and e.metadata["runtime_verified"] is False
+    with pytest.raises(DatasetError, match="no tasks"):
+        load_tasks(out, backend="cpu")
+    capsys.readouterr()
+    assert main(["tasks", "list", "--dir", str(out)]) == 0
+    assert capsys.readouterr().out.count("REJECTED on cpu: runtime_window") == 2
+    # a later run that passes restores them, with the runtime measured
+    assert main(["tasks", "verify", "--dir", str(out), "--min-ms", "0", "--max-ms", "500", *window]) == 0
+    back = load_tasks(out, backend="cpu")
+    assert sorted(e.task_id for e in back) == ids
+    assert all("rejected" not in e.metadata and e.metadata["runtime_verified"] and
+               e.metadata["filter"]["backend"] == "cpu" for e in back)

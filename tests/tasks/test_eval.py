@@ -49,10 +49,46 @@ def test_per_task_outcomes(report):
     assert rep["overall"]["geomean_speedup_vs_eager"] == pytest.approx(g)
 
 
+def test_results_streamed_as_they_finish(report):
+    """results.jsonl holds every task (one line each, written as it finished) with the report's outcome."""
+    rep, out = report
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(x["task_id"] for x in lines) == sorted(t["task_id"] for t in rep["tasks"])
+    by = {t["task_id"]: t for t in rep["tasks"]}
+    for x in lines:
+        assert (x["correct"], x["reward"], x["has_solution"]) == tuple(by[x["task_id"]][k] for k in
+                                                                        ("correct", "reward", "has_solution"))
+
+
 def test_plot_is_written(report):
     _, out = report
     png = (out / "eval.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_shrunk_task_keeps_the_solution_found_by_its_source(tmp_path):
+    """--shrink-inputs rewrites the task; a solution matched by its model.py (skills/examples-style) still runs."""
+    from tests.tasks import eval_fixtures as fx
+
+    src = fx._REF.format(params="", init="", expr="torch.relu(x)", shape="batch, dim", init_inputs="")
+    src = src.replace("def get_inputs", "batch = 512\ndim = 4096\n\n\ndef get_inputs")
+    (tmp_path / "tasks" / "level1").mkdir(parents=True)
+    (tmp_path / "tasks" / "level1" / "19_ReLU.py").write_text(src)
+    sol = tmp_path / "solutions" / "cpu_x_renamed"  # found only through its model.py
+    (sol / "kernels").mkdir(parents=True)
+    (sol / "model.py").write_text(src)
+    (sol / "model_new.py").write_text(fx._MODEL_NEW.format(params="", init="        pass", op="relu_fast"))
+    (sol / "kernels" / "relu_fast.cpp").write_text(fx._KERNEL.format(op="relu_fast", body=fx._FAST))
+    out = tmp_path / "report"
+    rc = main(["--set", f"broker.cache_dir={tmp_path / 'cache'}", "--set", "sandbox.trials=3",
+               "--set", "sandbox.max_trials=5", "--set", "sandbox.timing_budget_s=0.2",
+               "eval", "--tasks", str(tmp_path / "tasks"), "--solutions", str(tmp_path / "solutions"),
+               "--backend", "cpu", "--only-solved", "--shrink-inputs", "65536", "--out", str(out), "--json"])
+    assert rc == 0
+    rep = json.loads((out / "eval.json").read_text())
+    (task,) = rep["tasks"]
+    assert task["has_solution"] and task["correct"], task
+    assert rep["meta"]["shrunk"]["l1-19_ReLU"], rep["meta"]
 
 
 def test_solution_found_by_its_task_source(tmp_path):
