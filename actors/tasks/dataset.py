@@ -81,15 +81,16 @@ def load_tasks(folder: str | os.PathLike, backend: str | None = None, level: int
         entries = _scan(folder, default_backend)
     out = [e for e in entries if (backend in (None, "all") or e.backend == backend)
            and (level is None or e.level == level)]
-    if not include_rejected:
-        rejected = [e for e in out if e.metadata.get("rejected")]
-        if rejected:
-            log.info("%d task(s) in %s left out: rejected by `tasks verify` (%s)", len(rejected), folder,
-                     ", ".join(sorted({e.metadata["rejected"].get("rule", "?") for e in rejected})))
-            out = [e for e in out if not e.metadata.get("rejected")]
+    rejected = [] if include_rejected else [e for e in out if e.metadata.get("rejected")]
+    if rejected:
+        log.info("%d task(s) in %s left out: rejected by `tasks verify` (%s)", len(rejected), folder,
+                 ", ".join(sorted({e.metadata["rejected"].get("rule", "?") for e in rejected})))
+        out = [e for e in out if not e.metadata.get("rejected")]
     if not out:
         what = f" for backend {backend!r}" if backend not in (None, "all") else ""
-        raise DatasetError(f"no tasks{what} in {str(folder)!r}")
+        why = (f" ({len(rejected)} rejected by `tasks verify` are left out; `kernelrl tasks list` shows them)"
+               if rejected else "")
+        raise DatasetError(f"no tasks{what} in {str(folder)!r}{why}")
     return out
 
 

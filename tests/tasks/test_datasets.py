@@ -103,7 +103,7 @@ def test_verify_write_marks_rejected_tasks_and_loaders_leave_them_out(tmp_path, 
     assert sorted(e.task_id for e in rows) == ids  # nothing dropped from the index
     for e in rows:
         assert e.metadata["rejected"]["rule"] == "runtime_window" and e.metadata["runtime_verified"] is False
-    with pytest.raises(DatasetError, match="no tasks"):
+    with pytest.raises(DatasetError, match="2 rejected by `tasks verify` are left out"):
         load_tasks(out, backend="cpu")
     capsys.readouterr()
     assert main(["tasks", "list", "--dir", str(out)]) == 0
