@@ -82,6 +82,7 @@ def test_shrunk_task_keeps_the_solution_found_by_its_source(tmp_path):
     out = tmp_path / "report"
     rc = main(["--set", f"broker.cache_dir={tmp_path / 'cache'}", "--set", "sandbox.trials=3",
                "--set", "sandbox.max_trials=5", "--set", "sandbox.timing_budget_s=0.2",
+               "--set", "sandbox.compile_baseline=false",  # the lookup is under test, not the baselines
                "eval", "--tasks", str(tmp_path / "tasks"), "--solutions", str(tmp_path / "solutions"),
                "--backend", "cpu", "--only-solved", "--shrink-inputs", "65536", "--out", str(out), "--json"])
     assert rc == 0
