@@ -131,7 +131,6 @@ def _results(args, cfg, entries, backend, progress, resolved):
         return asyncio.run(run_episodes(cfg, entries, args.model_path, on_result=progress))
     runner = BusSolutions(cfg, backend) if args.via == "bus" else LocalSolutions(cfg, backend)
     try:
-        return run_solutions(entries, Path(args.solutions), runner, workers=args.workers, on_result=progress,
-                             resolved=resolved)
+        return run_solutions(entries, resolved, runner, workers=args.workers, on_result=progress)
     finally:
         runner.close()

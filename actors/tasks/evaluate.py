@@ -122,14 +122,14 @@ class BusSolutions:
             close()
 
 
-def run_solutions(entries: list[TaskEntry], sol_dir: Path, runner, workers: int = 1,
-                  on_result=None, resolved: dict[str, dict | None] | None = None) -> list[TaskResult]:
+def run_solutions(entries: list[TaskEntry], solutions: dict[str, dict[str, str] | None], runner,
+                  workers: int = 1, on_result=None) -> list[TaskResult]:
     """One TaskResult per task, in order; evaluation failures become incorrect results, never exceptions.
 
-    ``on_result(res)`` is called as each task finishes (in completion order), so a long run shows
-    progress and a run that is stopped half-way keeps what it finished. ``resolved`` (task id ->
-    files) holds solutions looked up before the tasks were rewritten (shrunk shapes no longer match
-    a solution's model.py).
+    ``solutions`` maps task id -> files (``find_solution``, looked up by the caller before any
+    rewrite of the tasks: shrunk shapes no longer match a solution's model.py). ``on_result(res)``
+    is called as each task finishes (in completion order), so a long run shows progress and a run
+    that is stopped half-way keeps what it finished.
     """
     def one(entry: TaskEntry) -> TaskResult:
         res = _one(entry)
@@ -138,7 +138,7 @@ def run_solutions(entries: list[TaskEntry], sol_dir: Path, runner, workers: int 
         return res
 
     def _one(entry: TaskEntry) -> TaskResult:
-        files = resolved.get(entry.task_id) if resolved is not None else find_solution(sol_dir, entry)
+        files = solutions.get(entry.task_id)
         if files is None:
             return _missing(entry)
         t0 = time.monotonic()

@@ -98,7 +98,7 @@ if has bus; then
   if [ -f "$B/kafka-jre.tar.xz" ]; then  # the GPU image has no Java and no kafka-python
     mkdir -p "$KERNELRL_CACHE" && tar -xJf "$B/kafka-jre.tar.xz" -C "$KERNELRL_CACHE"
     export PATH="$KERNELRL_CACHE/jre/bin:$PATH"
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$B"/wheels/*.whl
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   KRL="$PY -m cluster.cli"
