@@ -6,10 +6,16 @@ the context cap or an unrecoverable error; the final workspace is evaluated
 the final or best evaluation. Single-turn: one response holding the whole
 solution, extracted, written, compiled and evaluated by the actor itself.
 The token stream is built as the episode runs (trajectory.py).
+
+When the infrastructure kept the reward from being measured (the final
+evaluation failed by an infrastructure fault after its retries; see
+tools_remote.reward_undetermined) the trajectory's reward is NaN and its
+``reward_status`` "undetermined": never a -1 or 0 the policy did not earn.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +25,10 @@ from actors.chat import ChatRenderer
 from actors.extract import extract_files
 from actors.policy import GenRequest, Policy
 from actors.tools_local import LocalTools, truncate
-from actors.tools_remote import RemoteTools, episode_reward
+from actors.tools_remote import RemoteTools, episode_reward, reward_undetermined
 from actors.trajectory import TrajectoryBuilder
 from actors.workspace import Workspace
-from schemas.messages import Task, Trajectory
+from schemas.messages import REWARD_OK, REWARD_UNDETERMINED, Task, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +169,7 @@ class Episode:
 
     # -- scoring ----------------------------------------------------------------
     async def _finish(self, end_reason: str, final_eval: bool) -> Trajectory:
+        final_fault = None
         if final_eval:
             files = self.workspace.solution_files()
             digest = Workspace.digest(files)
@@ -171,15 +178,28 @@ class Episode:
             untouched = digest == self.workspace.initial_digest  # the template as given: nothing to score
             if "model_new.py" in files and not covered and not untouched:
                 t0 = time.monotonic()
-                _, text = await self.remote.evaluate("both")
+                faults = len(self.remote.infra_faults)
+                rec, text = await self.remote.evaluate("both")
                 self.stats["final_eval_s"] = time.monotonic() - t0
                 self.stats["final_eval_text"] = text[:2000]
+                if rec is None and len(self.remote.infra_faults) > faults:
+                    final_fault = self.remote.infra_faults[-1]
         reward, evidence = episode_reward(self.remote.evaluations, self.limits.reward_from)
+        why = reward_undetermined(self.remote.evaluations, self.remote.infra_faults, self.limits.reward_from,
+                                  final_fault)
+        status = REWARD_UNDETERMINED if why else REWARD_OK
+        if why:
+            log.warning("episode %s: reward undetermined: %s", self.episode_id, why)
+            reward, evidence["undetermined"] = math.nan, why
         evidence["stats"] = dict(self.stats)
+        if self.remote.infra_faults or self.remote.infra_retried:
+            evidence["infra"] = {"retries": self.remote.infra_retried,
+                                 "faults": [{"mode": f.mode, "digest": f.digest, "error": f.error[:500]}
+                                            for f in self.remote.infra_faults[-8:]]}
         meta = {"policy": self.policy.name, "version_start": self.version_start, "version_end": self.policy.version,
                 "turns": len(self.builder.turns), "compiles": self.remote.compiles, "task_name": self.task.name,
                 "trainable": getattr(self.policy, "trainable", True)}
-        return self.builder.build(reward, evidence, end_reason, meta)
+        return self.builder.build(reward, evidence, end_reason, meta, reward_status=status)
 
 
 def engine_dead(exc: BaseException | None) -> bool:

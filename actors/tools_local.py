@@ -1,9 +1,13 @@
 """The agent's local tools, each confined to its episode workspace.
 
-bash runs in a fresh session without network (`unshare -rn`), with resource
-limits, a deadline (the whole process group is killed) and truncated output;
-file tools resolve every path inside the workspace and refuse escapes and
-protected files. Every failure is returned as text for the model, never raised.
+bash runs in the OS sandbox's "shell" profile (sandbox_workers/ossandbox.py:
+only the workspace visible read-write at its own path, toolchain and Python
+read-only, private capped /tmp, no network, own PID namespace and user), with
+resource limits, a deadline (the sandbox and all in it are killed) and truncated
+output; with isolation="none" (trusted use only) a fresh session without network
+(`unshare -rn`). File tools resolve every path inside the workspace and refuse
+escapes and protected files. Every failure is returned as text for the model,
+never raised.
 """
 from __future__ import annotations
 
@@ -15,8 +19,12 @@ import re
 import resource
 import shutil
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandbox_workers import ossandbox
+from sandbox_workers.isolation import Limits
 
 MAX_READ_LINES = 2000
 
@@ -37,6 +45,15 @@ def truncate(text: str, limit: int) -> str:
         return text
     half = limit // 2
     return f"{text[:half]}\n... [{len(text) - limit} characters truncated] ...\n{text[-half:]}"
+
+
+def _sandbox_path() -> str:
+    """PATH inside the shell sandbox: the project's Python first, then the system's (and nvcc's) directories."""
+    dirs = [os.path.join(sys.prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+    cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    if os.path.isdir(os.path.join(cuda, "bin")):
+        dirs.append(os.path.join(cuda, "bin"))
+    return ":".join(dict.fromkeys(dirs))
 
 
 def _sandbox_prefix() -> list[str]:
@@ -65,8 +82,11 @@ class LocalTools:
     NAMES = frozenset({"bash", "read", "write", "edit", "multi_edit", "glob", "grep", "todo_write"})
 
     def __init__(self, workspace: Path, *, protected: set[str] = frozenset(), bash_timeout_s: float = 60.0,
-                 max_output_chars: int = 8000, memory_limit_mb: int = 4096):
+                 max_output_chars: int = 8000, memory_limit_mb: int = 4096, isolation: str = "bwrap",
+                 tmp_mb: int = 512):
         self.root = Path(workspace).resolve()
+        self.isolation = isolation
+        self.tmp_mb = tmp_mb
         self.protected = set(protected)
         self.bash_timeout_s = bash_timeout_s
         self.max_output_chars = max_output_chars
@@ -101,19 +121,34 @@ class LocalTools:
         if not isinstance(command, str) or not command.strip():
             raise ToolError("command must be a non-empty string")
         deadline = min(float(timeout_s or self.bash_timeout_s), self.bash_timeout_s)
+        try:
+            boxed = ossandbox.mode(self.isolation) == "bwrap"
+        except ossandbox.IsolationUnavailable as exc:  # fail closed: no shell without the sandbox
+            return ToolResult(f"error: bash is unavailable: {exc}", ok=False)
         mem = self.memory_limit_mb * 1024 * 1024
 
-        def limits() -> None:  # runs in the child before exec
+        def limits() -> None:  # runs in the child before exec (isolation "none" only)
             resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
             resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), "LANG": "C.UTF-8",
-               "TMPDIR": str(self.root)}
+        if boxed:
+            env = {"PATH": _sandbox_path(), "HOME": str(self.root), "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+            ossandbox.prepare_dir(self.root)  # the sandbox user owns the workspace (as root)
+            profile = ossandbox.Profile("shell", rw_binds=[(str(self.root), str(self.root))], chdir=str(self.root),
+                                        tmp_mb=self.tmp_mb, toolchain=True)
+            cmd = ossandbox.wrap(["bash", "-c", command], profile,
+                                 Limits(wall_s=deadline, data_mb=self.memory_limit_mb, file_size_mb=256,
+                                        open_files=4096), env)
+            extra = {"env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "cwd": "/"}
+        else:
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), "LANG": "C.UTF-8",
+                   "TMPDIR": str(self.root)}
+            cmd = [*_sandbox_prefix(), "bash", "-c", command]
+            extra = {"env": env, "cwd": self.root, "preexec_fn": limits}
         proc = await asyncio.create_subprocess_exec(
-            *_sandbox_prefix(), "bash", "-c", command, cwd=self.root, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=limits)
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, **extra)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), deadline)
         except asyncio.TimeoutError:

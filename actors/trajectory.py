@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.messages import Trajectory, TurnInfo
+from schemas.messages import REWARD_OK, Trajectory, TurnInfo
 
 
 @dataclass
@@ -63,7 +63,9 @@ class TrajectoryBuilder:
         self._extend(ids, [0.0] * len(ids), 0, [-1] * len(ids))
 
     def build(self, reward: float, evidence: dict[str, Any], end_reason: str,
-              metadata: dict[str, Any] | None = None) -> Trajectory:
+              metadata: dict[str, Any] | None = None, reward_status: str = REWARD_OK) -> Trajectory:
+        """The finished trajectory; ``reward_status`` "undetermined" marks a reward the infrastructure kept
+        from being measured (the learner skips it)."""
         return Trajectory(
             episode_id=self.episode_id, task_id=self.task_id, actor_id=self.actor_id,
             token_ids=np.asarray(self.token_ids, dtype=np.int32),
@@ -72,5 +74,5 @@ class TrajectoryBuilder:
             policy_version=np.asarray(self.versions, dtype=np.int32),
             prompt_len=self.prompt_len, turns=list(self.turns), reward=float(reward),
             evidence=evidence, end_reason=end_reason, mode=self.mode,
-            has_logprobs=self.has_logprobs, metadata=dict(metadata or {}),
+            has_logprobs=self.has_logprobs, metadata=dict(metadata or {}), reward_status=reward_status,
         )

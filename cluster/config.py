@@ -123,7 +123,7 @@ class SandboxConfig:
     max_trials: int = 200
     timing_budget_s: float = 3.0  # per variant, after the minimum of `trials`
     timing_rel_ci: float = 0.01  # stop sampling when the median's relative standard error is below this
-    min_trial_s: float = 0.0002  # shorter calls are timed as a batch of calls per trial
+    min_trial_s: float = 0.005  # shorter calls are timed as a batch of calls per trial (bounds what a claim can hide)
     eval_memory_limit_mb: int = 16384  # RLIMIT_AS of the CPU evaluation child (CUDA: not set)
     inline_artifact_bytes: int = 4 * 1024 * 1024  # compile results carry the library inline up to this size
     baseline_cache_dir: str = ""  # default: <broker.cache_dir>/baselines
@@ -132,11 +132,21 @@ class SandboxConfig:
     # A cached baseline whose timing CV exceeds this (a busy machine) is measured again on its next use,
     # keeping the faster of the two per variant: contention only inflates times. <= 0: never re-measured.
     baseline_max_cv: float = 0.25
+    # --- the trusted judge (issue 11) ---
+    timed_check_fraction: float = 1.0  # share of timed calls whose outputs the judge checks (secret choice)
+    # A time claim is rejected when the judge's clock leaves more of the "run" round trip unclaimed than the
+    # reference's run of the same protocol did, by more than this share plus timing_claim_abs_s (docs/sandbox.md).
+    timing_claim_slack: float = 0.25
+    timing_claim_abs_s: float = 0.0005
+    max_batch_bytes: int = 256 * 1024 * 1024  # inputs + outputs of one batched trial of a short call
+    sandbox_tmp_mb: int = 256  # private /tmp of each sandboxed process
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...
     output_sample_elems: int = 1 << 20  # ... else compared at this many random positions (+ NaN/Inf on all)
-    zygote: bool = True  # fork evaluation children from a pre-imported clean process (saves the torch import)
+    # OS sandbox of untrusted code (bubblewrap: own user, mounts, PIDs, no network, seccomp); workers refuse to
+    # serve when it cannot run. "none": no OS sandbox, for trusted code only.
+    isolation: str = "bwrap"
 
 
 @dataclass
@@ -250,6 +260,7 @@ class Config:
 
 _CHOICES = {
     "sandbox.backend": {"cpu", "cuda"},
+    "sandbox.isolation": {"bwrap", "none"},
     "actor.policy": {"vllm", "scripted", "openai"},
     "actor.episode_mode": {"multi_turn", "single_turn"},
     "actor.reward_from": {"final", "best"},

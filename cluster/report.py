@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from schemas import topics
+from schemas.messages import REWARD_UNDETERMINED
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ def durable_invariants(bus, actor_group: str) -> dict:
     req_ids = {r.msg.header.request_id for r, _ in requests}
     consumed_req_ids = {r.msg.header.request_id for r, consumed in requests if consumed}
     reply_ids = {r.msg.request_id for r in replies}
-    rewards = Counter(str(float(t.reward)) for t in episodes.values())
+    undetermined = {e for e, t in episodes.items() if t.reward_status == REWARD_UNDETERMINED}
+    rewards = Counter(REWARD_UNDETERMINED if e in undetermined else str(float(t.reward)) for e, t in episodes.items())
+    skipped = max((r.msg.metrics.get("trajectories_skipped_undetermined", 0) for r in steps), default=0)
     return {
         "learner_steps": max((r.msg.step for r in steps), default=0),
         "episodes_finished": len(episodes),
@@ -61,16 +64,27 @@ def durable_invariants(bus, actor_group: str) -> dict:
         "trajectories_trained": len(trained),
         "trajectories_trained_twice": sum(1 for c in trained.values() if c > 1),
         "trajectories_dropped_stale": len(dropped),
+        # episodes whose reward the infrastructure kept from being measured; the learner skips them
+        "trajectories_undetermined": len(undetermined),
+        "trajectories_skipped_undetermined": skipped,
         "trajectories_lost": len(consumed_tasks - traj_tasks),
         "tasks_consumed": len(consumed_tasks),
         "tool_calls_sent": len(req_ids),
         "tool_calls_lost": len(consumed_req_ids - reply_ids),
         "tool_calls_pending_at_stop": len(req_ids - consumed_req_ids - reply_ids),
         "weight_versions_published": len({r.msg.version for r in weights}),
-        "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: float(kv[0]))),
+        "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: _reward_key(kv[0]))),
         "learner_curve": [{"step": r.msg.step, **{k: v for k, v in r.msg.metrics.items()
                                                  if isinstance(v, (int, float))}} for r in steps],
     }
+
+
+def _reward_key(key: str) -> tuple[int, float]:
+    """Histogram order: rewards ascending, then "undetermined"."""
+    try:
+        return 0, float(key)
+    except ValueError:
+        return 1, 0.0
 
 
 def role_throughput(snaps: dict[str, dict]) -> dict:

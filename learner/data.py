@@ -46,6 +46,8 @@ def from_trajectory(traj, partition: int = -1, offset: int = -1) -> Sample:
             raise InvalidTrajectory(f"episode {traj.episode_id}: {name} has shape {arr.shape}, token_ids ({n},)")
     if n < 2:
         raise InvalidTrajectory(f"episode {traj.episode_id}: {n} tokens")
+    if not np.isfinite(traj.reward):  # an undetermined reward is skipped before; never train on one
+        raise InvalidTrajectory(f"episode {traj.episode_id}: reward {traj.reward!r} is not a number")
     mask = np.asarray(traj.loss_mask, dtype=np.uint8).copy()
     mask[0] = 0  # the first token has no context to be predicted from
     if not mask.any():

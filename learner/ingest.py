@@ -5,7 +5,10 @@ the next n trainable samples and advances the per-partition positions over
 exactly the records it looked at (trained or dropped), so the positions saved in
 a checkpoint say precisely which records the checkpointed model has seen; the
 records still buffered are read again after a restart. Episode ids already
-trained (kept in the checkpoint too) are dropped as duplicates.
+trained (kept in the checkpoint too) are dropped as duplicates. Trajectories
+whose reward the infrastructure kept from being measured (reward_status
+"undetermined") are skipped like any other dropped record and counted under
+``dropped["undetermined"]`` (`skipped_undetermined`).
 """
 from __future__ import annotations
 
@@ -13,8 +16,12 @@ import logging
 from collections import Counter, OrderedDict, deque
 
 from learner.data import InvalidTrajectory, Sample, from_trajectory, stage_rejects
+from schemas.messages import REWARD_UNDETERMINED
 
 log = logging.getLogger(__name__)
+
+
+UNDETERMINED = "undetermined"  # the dropped-reason of trajectories whose reward could not be determined
 
 
 class SeenIds:
@@ -56,6 +63,8 @@ class Ingest:
         reason, sample = "", None
         if msg is None:
             reason = "undecodable"
+        elif getattr(msg, "reward_status", "") == REWARD_UNDETERMINED:
+            reason = UNDETERMINED  # no reward to learn from: not the policy's -1, not a 0
         else:
             try:
                 sample = from_trajectory(msg, partition, offset)
@@ -100,6 +109,11 @@ class Ingest:
             self.dropped[reason] += 1
             self.positions[part] = max(self.positions.get(part, 0), off + 1)
         return out
+
+    @property
+    def skipped_undetermined(self) -> int:
+        """Trajectories skipped (offsets consumed) because their reward was undetermined."""
+        return self.dropped.get(UNDETERMINED, 0)
 
     def drain_stale(self) -> list[str]:
         """Episode ids dropped as stale since the last call (for the learner's step log)."""

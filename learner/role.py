@@ -42,6 +42,7 @@ class LearnerRole:
         self.version = int(state.get("policy_version", 0))
         self.ingest = Ingest.from_state(cfg.learner.stage, cfg.learner.max_staleness, state.get("ingest"))
         self.ingest.seen.limit = cfg.learner.seen_ids_limit
+        self._undetermined_counted = self.ingest.skipped_undetermined  # this process's counter starts here
         self._pending = state.get("pending")  # publish/log work of the last checkpointed step
         self._since_ckpt: dict[str, list[str]] = {"episode_ids": [], "dropped_stale": []}
         self.bus = bus
@@ -97,11 +98,19 @@ class LearnerRole:
             while not stop.is_set():
                 self._fill(n, deadline, stop)
                 samples = self.ingest.take(n, self.version)
+                self._count_undetermined()
                 if samples or time.monotonic() >= deadline:
                     break
             if stop.is_set():
                 samples = None
         return eng.broadcast_object({"samples": samples})["samples"]
+
+    def _count_undetermined(self) -> None:
+        """Trajectories skipped for an undetermined reward since the last call -> the metrics counter."""
+        n = self.ingest.skipped_undetermined
+        if n > self._undetermined_counted:
+            metrics.inc("trajectories_skipped_undetermined", n - self._undetermined_counted)
+            self._undetermined_counted = n
 
     def run(self, max_steps: int = 0, stop: threading.Event | None = None, idle_wait_s: float = 3600.0) -> int:
         stop = stop or threading.Event()
@@ -126,6 +135,7 @@ class LearnerRole:
             self.version += 1
         m["staleness_hist"] = {str(k): v for k, v in sorted(self.ingest.staleness.items())}
         m["dropped"] = dict(self.ingest.dropped)
+        m["trajectories_skipped_undetermined"] = self.ingest.skipped_undetermined  # cumulative, checkpointed
         m["policy_version"] = self.version
         self._since_ckpt["episode_ids"] += [s.episode_id for s in samples]
         self._since_ckpt["dropped_stale"] += self.ingest.drain_stale()

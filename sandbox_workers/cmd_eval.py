@@ -15,6 +15,14 @@ def add_arguments(p) -> None:
 def run(args, cfg) -> int:
     import threading
 
+    from sandbox_workers import ossandbox
+
+    try:
+        ossandbox.require(cfg)  # fail closed: no OS sandbox, no serving (unless sandbox.isolation = "none")
+    except ossandbox.IsolationUnavailable as exc:
+        log.error("refusing to serve: %s", exc)
+        return 2
+
     from cluster.errors import SetupError
 
     backend = "cpu" if args.device == "cpu" else "cuda"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_workers import guards, workspace
+from sandbox_workers import binpolicy, guards, workspace
 from sandbox_workers.backends import get_builder
 from sandbox_workers.backends.base import INFRA_DIR, LIBRARY_NAME, FlagError
 
@@ -70,7 +70,9 @@ def cache_key(files: dict[str, str], backend: str, cfg, extra_flags: list[str] =
     flags = cfg.sandbox.cpu_flags if backend == "cpu" else cfg.sandbox.cuda_arch
     doc = {"v": 1, "backend": backend, "files": workspace.build_inputs(files), "flags": flags,
            "extra": list(extra_flags), "toolchain": builder.toolchain_id(), "torch": torch_version(),
-           "infra": _infra_digest()}
+           "infra": _infra_digest(),
+           # a stored artifact passed this policy: unchecked builds (static guards off) never share its key
+           "policy": binpolicy.POLICY_VERSION if cfg.sandbox.static_guards else "off"}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -131,12 +133,18 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
         if not out.ok:
             return CompileOutcome(False, key, log=out.log, error=out.error, duration_s=time.monotonic() - t0,
                                   network_isolated=out.network_isolated)
-        state = get_builder(backend).inspect(out.library) if cfg.sandbox.static_guards else []
-        if state:
-            return CompileOutcome(False, key, log=out.log + "\nwritable global/static variables: " + ", ".join(state),
-                                  error="kernels keep mutable global/static state (not allowed: results must not "
-                                        "be cached across calls)", violations=[guards.OUTPUT_CACHING],
-                                  duration_s=time.monotonic() - t0, network_isolated=out.network_isolated)
+        builder = get_builder(backend)
+        libs = [f[2:] for f in [*extra_flags, *builder.auto_libs(files)] if f.startswith("-l")]
+        # the wall: what the built binary calls, runs at load time, keeps and executes (binpolicy.py)
+        found = builder.inspect(out.library, libs) if cfg.sandbox.static_guards else []
+        if found:
+            detail = "\n".join(f"{v.name}: {v.detail}" for v in found)
+            log.info("built library rejected (%s): %s", backend, "; ".join(v.detail for v in found[:3]))
+            return CompileOutcome(False, key, log=(out.log + "\n" + detail).strip(),
+                                  error=f"the built library breaks the kernel rules: {found[0].detail}"
+                                        + (f" (and {len(found) - 1} more, see the log)" if len(found) > 1 else ""),
+                                  violations=guards.names(found), duration_s=time.monotonic() - t0,
+                                  network_isolated=out.network_isolated)
         lib = store(cfg, key, out.library.read_bytes(),
                     {"log": out.log, "backend": backend, "build_s": out.duration_s, "created": time.time()})
     return CompileOutcome(True, key, lib, False, out.log, duration_s=time.monotonic() - t0,

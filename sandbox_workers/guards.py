@@ -32,6 +32,11 @@ FORBIDDEN_IMPORT = "forbidden_import"
 INTROSPECTION = "introspection"
 SANDBOX_ESCAPE = "sandbox_escape"
 TIMED_OUTPUT_WRONG = "timed_output_mismatch"
+# The built library (binpolicy.py): what the binary calls, runs at load time, keeps and executes.
+FORBIDDEN_SYMBOL = "forbidden_symbol"
+STATIC_CONSTRUCTOR = "static_constructor"
+MUTABLE_GLOBAL_STATE = "mutable_global_state"
+RAW_SYSCALL = "raw_syscall"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,16 @@
 """Run an untrusted command: fresh process group, rlimits, wall-clock deadline, no network.
 
-Network isolation uses a new network namespace (``unshare -n`` as root,
+With a ``profile`` (and ``isolation="bwrap"``, the default) the command runs in the
+OS sandbox of ossandbox.py (bubblewrap: own user, mounts, PIDs, network; fails
+closed when unavailable). Without one (or with ``isolation="none"``, trusted code):
+network isolation uses a new network namespace (``unshare -n`` as root,
 ``unshare -rn`` as a normal user); resource limits use ``prlimit`` (util-linux),
 so nothing runs in the worker's own process between fork and exec. When no
 namespace can be made the run still happens and ``network_isolated`` says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -40,6 +44,19 @@ def abort_all() -> int:
     for g in pgids:
         kill_pgid(g)
     return len(procs) + len(pgids)
+
+
+def track(proc: subprocess.Popen) -> None:
+    """Register a started child so that abort_all() kills its process group."""
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = proc
+    if ABORTED.is_set():
+        _kill_group(proc)
+
+
+def untrack(proc: subprocess.Popen) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(proc.pid, None)
 
 
 def register_pgid(pgid: int) -> None:
@@ -79,9 +96,11 @@ class Limits:
 
     wall_s: float = 60.0
     cpu_s: int = 0
-    memory_mb: int = 0  # RLIMIT_AS
+    memory_mb: int = 0  # RLIMIT_AS without the OS sandbox; RLIMIT_DATA inside it (CUDA-safe)
     file_size_mb: int = 0  # RLIMIT_FSIZE
-    max_procs: int = 0  # RLIMIT_NPROC (not set when running as root: it is per-user)
+    max_procs: int = 0  # RLIMIT_NPROC (without the OS sandbox: not set as root, it is per-user)
+    data_mb: int = 0  # RLIMIT_DATA (holds for CUDA children too; inside the OS sandbox: overrides memory_mb)
+    open_files: int = 0  # RLIMIT_NOFILE (OS sandbox only)
 
 
 @dataclass
@@ -128,6 +147,8 @@ def limits_prefix(limits: Limits) -> tuple[str, ...]:
         args.append(f"--cpu={int(limits.cpu_s)}")
     if limits.memory_mb:
         args.append(f"--as={int(limits.memory_mb) * 1024 * 1024}")
+    if limits.data_mb:
+        args.append(f"--data={int(limits.data_mb) * 1024 * 1024}")
     if limits.file_size_mb:
         args.append(f"--fsize={int(limits.file_size_mb) * 1024 * 1024}")
     if limits.max_procs and os.geteuid() != 0:
@@ -148,22 +169,36 @@ def sandbox_env(extra: dict[str, str] | None = None, home: str | None = None) ->
 
 
 def run_sandboxed(argv: list[str], *, cwd: str, limits: Limits, env: dict[str, str],
-                  stdin: bytes = b"", network: bool = False, max_output_chars: int = 0) -> RunOutcome:
-    """Run argv isolated; on deadline kill its whole process group. Never raises for the child's failures."""
-    net = () if network else network_isolation_prefix()
-    cmd = [*net, *limits_prefix(limits), *argv]
+                  stdin: bytes = b"", network: bool = False, max_output_chars: int = 0,
+                  profile=None, pass_fds=(), isolation: str = "bwrap") -> RunOutcome:
+    """Run argv isolated; on deadline kill its whole process group. Never raises for the child's failures.
+
+    With a profile (ossandbox.Profile) and isolation "bwrap", argv runs in the OS sandbox (chdir defaults to
+    cwd; raises ossandbox.IsolationUnavailable when bwrap cannot run: fail closed); `network` is then ignored.
+    """
+    boxed = False
+    if profile is not None:
+        from sandbox_workers import ossandbox
+        boxed = ossandbox.mode(isolation) == "bwrap"
+    if boxed:
+        if profile.chdir == "/" and cwd:
+            profile = dataclasses.replace(profile, chdir=cwd)
+        net = () if profile.network else ("bwrap",)
+        cmd = ossandbox.wrap(argv, profile, limits, env)
+        popen_env, popen_cwd = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "/"
+    else:
+        net = () if network else network_isolation_prefix()
+        cmd = [*net, *limits_prefix(limits), *argv]
+        popen_env, popen_cwd = env, cwd
     t0 = time.monotonic()
     timed_out = False
     with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
         try:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=fout,
-                                    stderr=ferr, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=popen_cwd, env=popen_env, stdin=subprocess.PIPE, stdout=fout,
+                                    stderr=ferr, start_new_session=True, pass_fds=tuple(pass_fds))
         except OSError as exc:
             return RunOutcome(127, "", f"cannot start {argv[0]}: {exc}", 0.0, network_isolated=bool(net))
-        with _LIVE_LOCK:
-            _LIVE[proc.pid] = proc
-        if ABORTED.is_set():
-            _kill_group(proc)
+        track(proc)
         try:
             proc.communicate(stdin, timeout=limits.wall_s)
         except subprocess.TimeoutExpired:
@@ -171,10 +206,13 @@ def run_sandboxed(argv: list[str], *, cwd: str, limits: Limits, env: dict[str, s
         finally:
             _kill_group(proc)  # the deadline, or leftovers (grandchildren) of a finished child
             proc.wait()
-            with _LIVE_LOCK:
-                _LIVE.pop(proc.pid, None)
+            untrack(proc)
         out, err = _read_capped(fout, max_output_chars), _read_capped(ferr, max_output_chars)
     rc = proc.returncode
+    if boxed and rc > 128 and rc - 128 in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS,
+                                           signal.SIGFPE, signal.SIGILL, signal.SIGXCPU, signal.SIGXFSZ,
+                                           signal.SIGSYS, signal.SIGTERM):
+        rc = -(rc - 128)  # bwrap reports a child killed by signal N as exit 128 + N
     sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else ""
     return RunOutcome(rc, out, err, time.monotonic() - t0, timed_out, bool(net), sig)
 

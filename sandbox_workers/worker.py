@@ -3,14 +3,23 @@
 The handlers never raise for the agent's mistakes: those become results the
 agent reads. ``Abandoned`` (a BaseException) escapes `serve` when SIGTERM
 arrived mid-job, so that job's offset is not committed and it is redelivered.
+
+Every result says whose failure it is (``fault``, schemas.messages): "none",
+"policy" (the candidate's compile error, violation, wrong output, its own crash or
+timeout) or "infra" (a handler exception, a reference/baseline failure, a missing
+toolchain, a request routed to the wrong backend). An infra result carries reward
+0.0 and no verdict on the candidate; the actor retries it. A RetriableError still
+escapes to `serve`, which retries it in place.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import threading
 
+from cluster.errors import RetriableError
 from sandbox_workers import isolation
 from sandbox_workers.filter_service import FilterService
 
@@ -44,8 +53,23 @@ class CompileHandler:
         self.name = worker_name("compile")
 
     def __call__(self, req):
+        from schemas.messages import FAULT_INFRA, CompileResult
+
+        try:
+            return self._compile(req)
+        except RetriableError:
+            raise  # serve() retries it in place, then answers with its error reply
+        except Exception as exc:  # noqa: BLE001 - the worker's failure, not the agent's: an infra result
+            if isolation.ABORTED.is_set():
+                raise Abandoned() from exc  # stopping: leave the job uncommitted
+            log.warning("compile handler failed on %s: %s", req.header.request_id, exc, exc_info=True)
+            return CompileResult(request_id=req.header.request_id, episode_id=req.episode_id, ok=False,
+                                 error=f"compile worker failed: {type(exc).__name__}: {exc}"[:4000],
+                                 worker=self.name, fault=FAULT_INFRA)
+
+    def _compile(self, req):
         from sandbox_workers import compiler
-        from schemas.messages import CompileResult
+        from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, CompileResult
 
         backend = req.backend or self.cfg.sandbox.backend
         cfg = self.cfg
@@ -56,16 +80,47 @@ class CompileHandler:
         out = compiler.compile_workspace(req.files, backend, cfg, req.extra_flags)
         if isolation.ABORTED.is_set():
             raise Abandoned()
+        error = out.error + (f" ({', '.join(out.violations)})" if out.violations else "")
+        fault = FAULT_NONE if out.ok else FAULT_POLICY
+        missing = "" if out.ok else missing_toolchain(backend)
+        if missing:
+            fault, error = FAULT_INFRA, f"{error} (the worker's toolchain is incomplete: {missing})"
         res = CompileResult(request_id=req.header.request_id, episode_id=req.episode_id, ok=out.ok,
                             artifact_key=out.key if out.ok else "", cached=out.cached, log=out.log,
-                            error=out.error + (f" ({', '.join(out.violations)})" if out.violations else ""),
-                            duration_s=out.duration_s, worker=self.name)
+                            error=error, duration_s=out.duration_s, worker=self.name, fault=fault)
         if out.ok and out.library is not None:
             res.artifact_uri = out.library.resolve().as_uri()
             size = out.library.stat().st_size
             if size <= self.cfg.sandbox.inline_artifact_bytes:
                 res.artifact = out.library.read_bytes()
         return res
+
+
+def missing_toolchain(backend: str) -> str:
+    """What of the build toolchain this machine lacks ('' = complete): a failed build is then no verdict."""
+    from sandbox_workers.backends import get_builder
+
+    try:
+        tid = get_builder(backend).toolchain_id()
+    except Exception as exc:  # noqa: BLE001 - an unknown backend or a broken probe is the worker's problem
+        return f"{type(exc).__name__}: {exc}"
+    missing = [part.split(":")[0].strip() for part in tid.split("|") if part.strip().endswith(":missing")]
+    if shutil.which("ninja") is None:
+        missing.append("ninja")
+    return ", ".join(missing)
+
+
+def eval_fault(r: dict) -> str:
+    """The fault of an evaluator result dict: its own "fault", with infrastructure signs taking precedence."""
+    from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, FAULTS, REFERENCE_FAILED_PREFIX
+
+    evidence = r.get("evidence") or {}
+    fault = r.get("fault") or ""
+    if fault == FAULT_INFRA or evidence.get("infra") or (r.get("error") or "").startswith(REFERENCE_FAILED_PREFIX):
+        return FAULT_INFRA
+    if fault in FAULTS:
+        return fault
+    return FAULT_NONE if r.get("compiled") and r.get("correct") and not r.get("violations") else FAULT_POLICY
 
 
 class EvalHandler:
@@ -79,23 +134,49 @@ class EvalHandler:
         self.filter = FilterService(backend, self.name)
 
     def __call__(self, req):
-        from schemas.messages import EvaluateResult
+        from schemas.messages import FAULT_INFRA, EvaluateResult
+
+        def infra(error: str) -> EvaluateResult:
+            return EvaluateResult(request_id=req.header.request_id, episode_id=req.episode_id, task_id=req.task_id,
+                                  compiled=False, correct=False, reward=0.0, worker=self.name, error=error[:8000],
+                                  fault=FAULT_INFRA, evidence={"infra": True})
 
         if req.backend and req.backend != self.backend:
-            return EvaluateResult(request_id=req.header.request_id, episode_id=req.episode_id, task_id=req.task_id,
-                                  compiled=False, correct=False, reward=-1.0, worker=self.name,
-                                  error=f"request for backend {req.backend!r} reached a {self.backend} worker")
+            return infra(f"request for backend {req.backend!r} reached a {self.backend} worker")
+        try:
+            return self._evaluate(req, infra)
+        except RetriableError:
+            raise  # serve() retries it in place, then answers with its error reply
+        except Exception as exc:  # noqa: BLE001 - the worker's failure, not the candidate's: an infra result
+            if isolation.ABORTED.is_set():
+                raise Abandoned() from exc  # stopping: leave the job uncommitted
+            log.warning("evaluation handler failed on %s: %s", req.header.request_id, exc, exc_info=True)
+            return infra(f"evaluation worker failed: {type(exc).__name__}: {exc}")
+
+    def _evaluate(self, req, infra):
+        from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, EvaluateResult
+
         if req.mode == "filter":
-            return self.filter(req)
+            res = self.filter(req)
+            if not res.fault:
+                res.fault = FAULT_NONE if res.correct else FAULT_POLICY
+            return res
         r = self.evaluator.evaluate(req.model_py, req.files, req.mode, req.artifact, req.artifact_key)
         if isolation.ABORTED.is_set():
             raise Abandoned()
+        fault = eval_fault(r)
+        if fault == FAULT_INFRA:
+            log.warning("evaluation of %s: infrastructure fault: %s", req.header.request_id, (r["error"] or "")[:300])
+            res = infra(r["error"] or "evaluation failed (infrastructure)")
+            res.evidence = {**(r.get("evidence") or {}), "infra": True}
+            res.duration_s = r["duration_s"]
+            return res
         return EvaluateResult(request_id=req.header.request_id, episode_id=req.episode_id, task_id=req.task_id,
                               compiled=r["compiled"], correct=r["correct"], reward=float(r["reward"]),
                               speedup_vs_eager=float(r["speedup_vs_eager"]),
                               speedup_vs_compile=float(r["speedup_vs_compile"]), violations=list(r["violations"]),
                               error=(r["error"] or "")[:8000], timings=r["timings"], evidence=r["evidence"],
-                              duration_s=r["duration_s"], worker=self.name)
+                              duration_s=r["duration_s"], worker=self.name, fault=fault)
 
     def close(self) -> None:
         self.filter.close()

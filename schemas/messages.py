@@ -23,6 +23,23 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# Who a tool result's failure is due to (CompileResult.fault, EvaluateResult.fault). A policy's
+# failure is its reward; an infrastructure fault is never a reward: the actor retries the call and,
+# if it keeps failing, marks the episode's reward undetermined (Trajectory.reward_status).
+FAULT_NONE = "none"  # success: nothing failed
+FAULT_POLICY = "policy"  # the candidate's own doing: compile error, violation, wrong output, its crash/timeout
+FAULT_INFRA = "infra"  # the infrastructure's: worker exception, reference/baseline failure, GPU health,
+# sandbox or toolchain unavailable, lost reply, the worker's own deadline
+FAULTS = (FAULT_NONE, FAULT_POLICY, FAULT_INFRA)
+
+# Trajectory.reward_status values.
+REWARD_OK = "ok"
+REWARD_UNDETERMINED = "undetermined"  # an infrastructure fault kept the reward from being measured
+
+# evaluators before the fault field said a reference failure only in the error text
+REFERENCE_FAILED_PREFIX = "reference run failed"
+
+
 def _i32(values=()) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
@@ -87,6 +104,8 @@ class CompileResult:
     error: str = ""
     duration_s: float = 0.0
     worker: str = ""
+    # FAULT_NONE | FAULT_POLICY | FAULT_INFRA; "" = not stated (a sender older than this field: see fault_of)
+    fault: str = ""
 
 
 @dataclass
@@ -126,6 +145,30 @@ class EvaluateResult:
     evidence: dict[str, Any] = field(default_factory=dict)  # correctness details, device, clocks, versions
     duration_s: float = 0.0
     worker: str = ""
+    # FAULT_NONE | FAULT_POLICY | FAULT_INFRA; "" = not stated (a sender older than this field: see fault_of).
+    # With FAULT_INFRA, reward means nothing (0.0): no reward could be measured.
+    fault: str = ""
+
+
+def fault_of(res: Any) -> str:
+    """The fault of a CompileResult / EvaluateResult: its ``fault`` field, or inferred for an older sender.
+
+    Infrastructure wins: ``evidence["infra"]`` or a failed reference run is FAULT_INFRA whatever the
+    field says. An unstated fault on a failed result without a worker name is an error reply built
+    by the bus's serve loop (a handler exception), so the infrastructure's too.
+    """
+    fault = getattr(res, "fault", "") or ""
+    evidence = getattr(res, "evidence", None) or {}
+    error = getattr(res, "error", "") or ""
+    if fault == FAULT_INFRA or evidence.get("infra") or error.startswith(REFERENCE_FAILED_PREFIX):
+        return FAULT_INFRA
+    if fault in FAULTS:
+        return fault
+    ok = res.ok if hasattr(res, "ok") else (getattr(res, "compiled", False) and getattr(res, "correct", False)
+                                            and not getattr(res, "violations", None))
+    if ok:
+        return FAULT_NONE
+    return FAULT_INFRA if not getattr(res, "worker", "") and error else FAULT_POLICY
 
 
 @dataclass
@@ -163,6 +206,9 @@ class Trajectory:
     has_logprobs: bool = True
     created_ms: int = field(default_factory=now_ms)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # REWARD_OK | REWARD_UNDETERMINED: an infrastructure fault kept the reward from being measured
+    # (reward is then NaN and evidence["undetermined"] says why); the learner skips such episodes
+    reward_status: str = REWARD_OK
 
     @property
     def num_tokens(self) -> int:
@@ -253,5 +299,6 @@ LIMITS = {
 __all__ = [
     "Task", "RequestHeader", "CompileRequest", "CompileResult", "EvaluateRequest", "EvaluateResult",
     "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "TrainStep", "MESSAGE_TYPES",
-    "LIMITS", "new_id", "now_ms",
+    "LIMITS", "new_id", "now_ms", "FAULT_NONE", "FAULT_POLICY", "FAULT_INFRA", "FAULTS", "fault_of", "REWARD_OK",
+    "REWARD_UNDETERMINED", "REFERENCE_FAILED_PREFIX",
 ]

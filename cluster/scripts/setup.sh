@@ -14,6 +14,21 @@ need() { command -v "$1" >/dev/null 2>&1 || { echo "setup: '$1' is missing: $2" 
 need "$py" "install Python >= 3.11"
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python >= 3.11 required" >&2; exit 1; }
 
+# bubblewrap: the OS sandbox of untrusted code (workers refuse to serve without it unless
+# sandbox.isolation = "none"); a no-op when present.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing bubblewrap ..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; } \
+      || echo "setup: could not install bubblewrap; workers will refuse to serve" >&2
+  else
+    echo "setup: bubblewrap (bwrap) is missing: run 'sudo apt-get install -y bubblewrap'" \
+         "(or your distribution's package); workers refuse to serve without it" >&2
+  fi
+fi
+
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 mkdir -p "$stamp_dir"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)

@@ -2,9 +2,11 @@
 
 A Builder turns ``kernels/`` plus the fixed infrastructure (skills/infra) into
 one shared library ``libkrl_ops.so`` through a generated ninja file, run inside
-the sandbox (isolation.py). A Runtime lives in the evaluation child: it knows
-its device, synchronises, flushes the cache before each trial and returns raw
-timing statistics. Both are small so that a new device kind slots in.
+the OS sandbox (ossandbox.py "build" profile: only the build directory writable,
+toolchain read-only, no network; isolation.py alone with sandbox.isolation =
+"none"). A Runtime lives in the evaluation child: it knows its device,
+synchronises, flushes the cache before each trial and returns raw timing
+statistics. Both are small so that a new device kind slots in.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox_workers import ossandbox
 from sandbox_workers.isolation import Limits, run_sandboxed, sandbox_env
 
 INFRA_DIR = Path(__file__).resolve().parents[2] / "skills" / "infra"
@@ -75,8 +78,8 @@ class Builder:
     def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
         raise NotImplementedError
 
-    def inspect(self, library: Path) -> list[str]:
-        """Problems found in the built library itself (names of offending symbols); none by default."""
+    def inspect(self, library: Path, libs: list[str] = ()) -> list:
+        """Policy violations (guards.Violation) of the built library itself, `libs` the -l names linked."""
         return []
 
     def auto_libs(self, files: dict[str, str]) -> list[str]:
@@ -98,14 +101,22 @@ class Builder:
         flags += [f for f in self.auto_libs(files) if f not in flags]
         (work / "build.ninja").write_text(self.ninja_file(sources, flags, cfg))
         sb = cfg.sandbox
+        iso = getattr(sb, "isolation", "bwrap")
+        profile = None
+        if ossandbox.mode(iso) == "bwrap":  # IsolationUnavailable when bwrap cannot run: fail closed
+            ossandbox.prepare_dir(work)
+            profile = ossandbox.Profile("build", rw_binds=[(str(work), str(work))], chdir=str(work),
+                                        tmp_mb=max(1024, getattr(sb, "sandbox_tmp_mb", 0)), toolchain=True)
         limits = Limits(wall_s=sb.compile_timeout_s, cpu_s=sb.cpu_time_limit_s,
                         memory_mb=sb.memory_limit_mb if self.name == "cpu" else 0,
+                        data_mb=sb.memory_limit_mb if profile is not None else 0,  # RLIMIT_DATA: CUDA-safe
                         file_size_mb=sb.file_size_limit_mb)
         ninja = shutil.which("ninja") or "ninja"
         jobs = max(1, min(len(sources) + 1, sb.compile_jobs))
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # builds yield to timing runs on shared CPUs
         res = run_sandboxed([*nice, ninja, "-j", str(jobs)], cwd=str(work), limits=limits,
-                            env=sandbox_env(home=str(work)), max_output_chars=sb.max_output_chars)
+                            env=sandbox_env(home=str(work)), max_output_chars=sb.max_output_chars,
+                            profile=profile, isolation=iso)
         log = (res.stdout + res.stderr).strip()
         lib = work / LIBRARY_NAME
         if res.timed_out:

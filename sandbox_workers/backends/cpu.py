@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from sandbox_workers.backends.base import INFRA_SOURCES, LIBRARY_NAME, Builder, Runtime, tool_version
+from sandbox_workers.binpolicy import inspect_library, writable_symbols  # noqa: F401 - re-exported
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,8 +48,9 @@ class CpuBuilder(Builder):
         # -march=native makes the artifact specific to this CPU model.
         return f"{tool_version('g++')} | {cpu_model()}"
 
-    def inspect(self, library: Path) -> list[str]:
-        return writable_symbols(library)
+    def inspect(self, library: Path, libs: list[str] = ()) -> list:
+        """The binary policy (binpolicy.py): symbols, load-time code, writable state, raw syscalls."""
+        return inspect_library(library, "cpu", libs)
 
     def ninja_file(self, sources: list[str], extra_flags: list[str], cfg) -> str:
         cflags = shlex.split(cfg.sandbox.cpu_flags) + ["-fPIC", "-fvisibility=hidden", "-Iinfra", "-Ikernels"]
@@ -72,30 +74,6 @@ class CpuBuilder(Builder):
             lines.append(f"build {obj}: cxx {src}")
         lines.append(f"build {LIBRARY_NAME}: link {' '.join(objs)}")
         return "\n".join(lines) + "\n"
-
-
-# Writable data the toolchain and the fixed registry put in every library; anything else in
-# .data/.bss is mutable global/static state of the kernels (the substrate of any result cache).
-_ALLOWED_DATA = re.compile(r"^(_DYNAMIC|_GLOBAL_OFFSET_TABLE_|__TMC_END__|__dso_handle|completed\.\d+|"
-                           r"__do_global_dtors_aux_fini_array_entry|__frame_dummy_init_array_entry|"
-                           r"krl_op_desc_\w+|krl_reg_\w+|krl_registry_head|"
-                           # the C++ EH personality pointer g++ emits for OpenMP regions calling helpers
-                           r"DW\.ref\.__gxx_personality_v0)$")
-
-
-def writable_symbols(library: Path) -> list[str]:
-    """Names of writable data objects (nm types d/D/b/B) not on the allow-list."""
-    try:
-        out = subprocess.run(["nm", "-C", "--defined-only", str(library)], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return [f"<nm failed: {exc}>"]
-    bad = []
-    for line in out.splitlines():
-        parts = line.split(maxsplit=2)
-        if len(parts) == 3 and parts[1] in "dDbB" and not _ALLOWED_DATA.match(parts[2]):
-            bad.append(parts[2])
-    return bad
 
 
 class CpuRuntime(Runtime):

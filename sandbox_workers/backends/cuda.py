@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandbox_workers.backends.base import INFRA_SOURCES, LIBRARY_NAME, Builder, Runtime, tool_version
 from sandbox_workers.backends.cpu import cpu_model
+from sandbox_workers.binpolicy import inspect_library
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,6 +66,10 @@ class CudaBuilder(Builder):
         if re.search(r"#\s*include\s*[<\"]cudnn\.h", text):
             libs.append("-lcudnn")
         return libs
+
+    def inspect(self, library: Path, libs: list[str] = ()) -> list:
+        """The binary policy (binpolicy.py) with the CUDA allow-list; cuBLAS/cuDNN symbols only when linked."""
+        return inspect_library(library, "cuda", libs)
 
     def toolchain_id(self) -> str:
         home = cuda_home()

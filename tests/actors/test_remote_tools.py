@@ -79,7 +79,8 @@ def test_scripted_episode_reward_matches_the_workers_verdict(aloop, tokenizer, w
 
 
 def test_tool_timeout_becomes_an_observation(aloop, tokenizer, wcfg, rclient, tmp_path):
-    # no worker is running: the compile request times out, the episode goes on and ends normally
+    # no worker is running: the compile request times out, the episode goes on and ends normally;
+    # a lost reply is the infrastructure's fault: the reward is undetermined, not the policy's -1
     script = write_calls(relu_solution()) + [format_call("compile", {}), format_call("finish", {})]
     ep = make_episode(ScriptedPolicy(tokenizer, script), relu_task(), tmp_path / "ws", EpisodeLimits(),
                       client=rclient, tool_timeout_s=1.0)
@@ -88,8 +89,9 @@ def test_tool_timeout_becomes_an_observation(aloop, tokenizer, wcfg, rclient, tm
     assert time.monotonic() - t0 < 15
     t = traj.turns
     obs = tokenizer.decode(traj.token_ids[t[2].gen_end:t[3].gen_start].tolist())
-    assert "timed out" in obs and traj.end_reason == "finish"
-    assert traj.reward == -1.0 and "no evaluation" in traj.evidence["error"]
+    assert "timed out" in obs and "infrastructure failure" in obs and traj.end_reason == "finish"
+    assert traj.reward_status == "undetermined" and traj.reward != traj.reward  # NaN: never a -1 it did not earn
+    assert "final evaluation failed (infrastructure)" in traj.evidence["undetermined"]
 
 
 def _wait_serving(aloop, rclient, timeout_s=60.0):

@@ -1,0 +1,1 @@
+"""The sandboxed candidate process and what it installs on itself."""

@@ -1,0 +1,205 @@
+"""The remote end: build one model, then run it on inputs the judge hands over, one trial at a time.
+
+`python -m sandbox_workers.candidate.serve --role candidate|baseline --rfd R --wfd W --arena PATH`
+runs inside the OS sandbox. As the candidate it locks itself down with seccomp (no processes,
+no exec, no sockets) before any candidate code is loaded; as the baseline it runs the task's
+own Model (eager, or torch.compile, which needs its compiler subprocesses).
+
+Nothing this process reports is trusted by the judge: its time claims are bounded by the
+judge's own clock, and every output it returns is compared by the judge. The in-process
+compute guard below only tells an honest agent early that torch compute in ModelNew is not
+allowed; it is not what keeps the reward honest.
+
+Messages (judge -> here -> judge):
+  load  {source, cls, init, state, library, device, compile, threads, lead_cycles} -> {ok, error}
+  stage {sets: [[desc, ...], ...]}        -> {ok}   (sealed inputs copied into this process's buffers)
+  run   {keys: [int, ...]}                -> {ok, claim_s, digests}  (unseal, time the calls, digest
+                                             the outputs; the judge flushed caches first)
+  fetch {lo, hi}                          -> {ok, outs: [[desc, ...], ...]}
+  exit  {}
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+import types
+
+import torch
+
+from sandbox_workers.candidate import policy, wire
+
+
+class Remote:
+    def __init__(self, role: str, ch: wire.Channel, arena: wire.Arena):
+        self.role, self.ch, self.arena = role, ch, arena
+        self.model = None
+        self.device = "cpu"
+        self.sets: list[list] = []
+        self.outs: list[list] = []
+        self.lead_cycles = 0
+        self.guard_rec = policy.Recorder()
+
+    # ------------------------------------------------------------------ messages
+    def serve(self) -> None:
+        self.ch.send({"op": "ready", "pid": os.getpid()})
+        while True:
+            msg = self.ch.recv()
+            op = msg.get("op")
+            if op == "exit":
+                return
+            handler = {"load": self.load, "stage": self.stage, "run": self.run, "fetch": self.fetch}.get(op)
+            if handler is None:
+                self.ch.send({"ok": False, "error": f"unknown op {op!r}"})
+                continue
+            try:
+                reply = handler(msg)
+            except policy.GuardTripped as exc:
+                reply = {"ok": False, "error": f"guard: {exc}", "violations": self.guard_rec.found}
+            except Exception as exc:  # noqa: BLE001 - the model's own failure is the agent's observation
+                reply = {"ok": False, "error": _err(exc)}
+            self.ch.send(reply)
+
+    def load(self, msg: dict) -> dict:
+        self.arena.remap()
+        self.device = msg.get("device", "cpu")
+        self.lead_cycles = int(msg.get("lead_cycles", 0))
+        if msg.get("threads"):
+            torch.set_num_threads(int(msg["threads"]))
+        if msg.get("library"):
+            sys.path.insert(0, msg["infra"])
+            import krl
+
+            krl._bind(msg["library"], self.device)
+        mod = types.ModuleType(msg["module"])
+        mod.__file__ = msg["module"] + ".py"
+        sys.modules[msg["module"]] = mod
+        exec(compile(msg["source"], mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - sandboxed by design
+        cls = getattr(mod, msg["cls"], None)
+        if cls is None:
+            return {"ok": False, "error": f"{mod.__file__} defines no {msg['cls']}"}
+        init = [self.arena.get(d).clone() if d.get("t") == "tensor" else self.arena.get(d) for d in msg["init"]]
+        model = cls(*init)
+        if not isinstance(model, torch.nn.Module):
+            return {"ok": False, "error": f"{msg['cls']} is not a torch.nn.Module"}
+        state = {k: self.arena.get(d).clone() for k, d in msg["state"].items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            return {"ok": False, "error": f"{msg['cls']}'s parameters do not match Model's state_dict: missing "
+                                          f"{list(missing)[:8]}, unexpected {list(unexpected)[:8]} (use the same "
+                                          "submodule/parameter names)"}
+        model = model.to(self.device).eval()
+        self.model = torch.compile(model) if msg.get("compile") else model
+        return {"ok": True}
+
+    def stage(self, msg: dict) -> dict:
+        self.arena.remap()
+        self.sets, self.outs = [], []
+        for descs in msg["sets"]:
+            vals = []
+            for d in descs:
+                v = self.arena.get(d)
+                vals.append(v.to(self.device, copy=True) if isinstance(v, torch.Tensor) else v)
+            self.sets.append(vals)
+        self._sync()
+        return {"ok": True}
+
+    def run(self, msg: dict) -> dict:
+        model, sets = self.model, self.sets
+        if model is None:
+            return {"ok": False, "error": "no model loaded"}
+        guard = self.role == "candidate"
+        outs = []
+        keys = msg.get("keys") or []
+        if len(keys) != len(sets):
+            return {"ok": False, "error": "run: one key per staged set expected"}
+        for vals, key in zip(sets, keys):
+            wire.seal(vals, int(key))
+        self._sync()
+        with torch.no_grad():
+            if self.device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if self.lead_cycles:
+                    torch.cuda._sleep(self.lead_cycles)  # the host enqueues the calls while the GPU spins
+                start.record()
+                for s in sets:
+                    outs.append(self._call(model, s, guard))
+                end.record()
+                end.synchronize()
+                claim = start.elapsed_time(end) / 1000.0
+                torch.cuda.synchronize()
+            else:
+                t0 = time.perf_counter()
+                for s in sets:
+                    outs.append(self._call(model, s, guard))
+                claim = time.perf_counter() - t0
+        self.outs = outs
+        if self.guard_rec.found:  # tripped, and the candidate swallowed the exception
+            return {"ok": False, "error": "guard: " + self.guard_rec.found[0]["detail"],
+                    "violations": self.guard_rec.found}
+        digests = [wire.digest(o) for o in outs]
+        return {"ok": True, "claim_s": claim / max(1, len(sets)), "digests": digests}
+
+    def fetch(self, msg: dict) -> dict:
+        self.arena.remap()
+        lo, hi = int(msg["lo"]), int(msg["hi"])
+        descs, pos = [], lo
+        for outs in self.outs:
+            for j, o in enumerate(outs):
+                if type(o) is not torch.Tensor:
+                    return {"ok": False, "error": f"output {j}: expected a plain torch.Tensor, got "
+                                                  f"{type(o).__module__}.{type(o).__name__}"}
+            try:
+                d, pos = self.arena.put(outs, pos, hi)
+            except wire.ProtocolError as exc:
+                return {"ok": False, "error": f"outputs do not fit the expected outputs' size: {exc}"}
+            descs.append(d)
+        self.outs = []
+        return {"ok": True, "outs": descs}
+
+    def _call(self, model, inputs: list, guard: bool) -> list:
+        if guard:
+            with policy.ComputeGuard(self.guard_rec):
+                out = model(*inputs)
+        else:
+            out = model(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def _err(exc: BaseException, limit: int = 3000) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", choices=("candidate", "baseline"), required=True)
+    ap.add_argument("--rfd", type=int, required=True)
+    ap.add_argument("--wfd", type=int, required=True)
+    ap.add_argument("--arena", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-seccomp", action="store_true", help="isolation=none only: trusted code")
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        torch.cuda.init()  # before the lock-down: the driver starts its threads and opens its devices now
+        torch.empty(1, device="cuda")
+    if args.role == "candidate" and not args.no_seccomp:
+        from sandbox_workers.candidate import seccomp
+
+        seccomp.install(allow_exec=False)
+    remote = Remote(args.role, wire.Channel(args.rfd, args.wfd), wire.Arena(args.arena))
+    try:
+        remote.serve()
+    except wire.PeerGone:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

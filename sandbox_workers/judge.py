@@ -1,0 +1,334 @@
+"""The trusted judge: draws secret inputs, runs the reference, drives the remote model, checks and times it.
+
+`python -m sandbox_workers.judge --rfd R --wfd W --arena PATH` reads a JSON spec on stdin and
+writes its result (JSON) to the spec's `result_path`. It runs the task's own code and never
+imports or runs candidate code: the candidate lives in another sandboxed process
+(sandbox_workers/candidate/serve.py) and only ever sees inputs and weights written into the
+shared arena. Per trial:
+
+  fresh inputs from a secret seed (one set per call) -> expected outputs by the reference
+  -> stage (the remote copies them) -> the judge flushes the caches -> run (the remote claims
+  a time per call) -> fetch (the remote writes its outputs) -> every checked output compared
+  here, on every element.
+
+Inputs travel sealed (XORed with a pad whose key comes only with "run") and the "run" reply
+commits to the outputs by a digest, checked against the fetched outputs: whatever the remote
+computes, it computes inside the "run" round trip that the judge's clock measures. The
+evaluator bounds the remote's time claims by that wall against the same protocol run on the
+reference (the baseline), so overheads cancel and a claim its own measurement contradicts is
+rejected. Timed calls and checked calls are the same calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+from sandbox_workers.candidate import wire
+
+_TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+class RemoteFailed(Exception):
+    """The remote model failed a step: its error is the agent's observation (a policy fault)."""
+
+    def __init__(self, error: str, violations: list | None = None):
+        super().__init__(error)
+        self.error, self.violations = error, violations or []
+
+
+class Judge:
+    def __init__(self, spec: dict, ch: wire.Channel, arena: wire.Arena):
+        from sandbox_workers.backends import get_runtime
+
+        self.spec, self.ch, self.arena = spec, ch, arena
+        self.deadline = time.monotonic() + float(spec["deadline_s"])
+        self.runtime = get_runtime(spec["backend"], **spec.get("runtime", {}))
+        self.device = self.runtime.device
+        self.rng = random.Random(int.from_bytes(os.urandom(16), "little"))
+        self.clock = time.perf_counter
+        self.inputs_on_device = self.device != "cpu"
+
+    # ------------------------------------------------------------------ setup
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def ask(self, msg: dict) -> dict:
+        self.ch.send(msg)
+        try:
+            reply = self.ch.recv(timeout=self.left())
+        except wire.PeerTimeout as exc:
+            raise RemoteFailed(f"the model did not answer {msg['op']!r} before the evaluation deadline "
+                               f"({self.spec['deadline_s']:.0f} s)") from exc
+        except wire.PeerGone as exc:
+            raise RemoteFailed(f"the model's process died during {msg['op']!r}") from exc
+        except wire.ProtocolError as exc:
+            raise RemoteFailed(f"malformed reply to {msg['op']!r}: {exc}") from exc
+        if reply.get("ok") is not True:
+            viol = reply.get("violations")
+            raise RemoteFailed(str(reply.get("error", "failed"))[:4000], viol if isinstance(viol, list) else [])
+        return reply
+
+    def build_reference(self, task) -> None:
+        from sandbox_workers.runner_common import seed_all
+
+        seed = self.rng.getrandbits(62)
+        seed_all(seed)
+        self.init_inputs = list(task.get_init_inputs())
+        seed_all(seed)
+        self.model = task.Model(*self.init_inputs).to(self.device).eval()
+        self.get_inputs = task.get_inputs
+
+    def fresh_inputs(self) -> list:
+        from sandbox_workers.runner_common import seed_all
+
+        seed_all(self.rng.getrandbits(62))
+        if self.inputs_on_device:  # generated on the GPU: no host-side randn over the tensor
+            try:
+                with torch.device(self.device):
+                    vals = list(self.get_inputs())
+                return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in vals]
+            except Exception:  # noqa: BLE001 - a task whose get_inputs needs the CPU: fall back for good
+                self.inputs_on_device = False
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in self.get_inputs()]
+
+    def reference(self, inputs: list) -> list:
+        with torch.no_grad():
+            out = self.model(*inputs)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        return [o.detach() for o in out]
+
+    def load(self, module: str, cls: str, source: str, library: str = "", compile_: bool = False) -> None:
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        need = wire.nbytes_of(list(state.values())) + wire.nbytes_of(self.init_inputs) + wire.ALIGN
+        self.arena.ensure(need)
+        init, pos = self.arena.put(self.init_inputs, 0)
+        sdescs, _ = self.arena.put(list(state.values()), pos)
+        self.ask({"op": "load", "module": module, "cls": cls, "source": source, "library": library,
+                  "infra": self.spec.get("infra", ""), "init": init, "state": dict(zip(state, sdescs)),
+                  "device": self.device, "compile": compile_, "threads": self.spec.get("threads", 0),
+                  "lead_cycles": self.spec.get("lead_cycles", 0)})
+
+    # ------------------------------------------------------------------ one trial
+    def trial(self, b: int, check: list[bool], out_bytes: int) -> dict:
+        sets = [self.fresh_inputs() for _ in range(b)]
+        expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
+        in_bytes = sum(wire.nbytes_of(s) for s in sets)
+        lo = wire._align(in_bytes + wire.ALIGN)
+        hi = lo + b * out_bytes
+        self.arena.ensure(hi)
+        descs, pos = [], 0
+        keys = [self.rng.getrandbits(62) for _ in sets]
+        for s, key in zip(sets, keys):
+            sealed = [v.clone() if isinstance(v, torch.Tensor) else v for v in s]
+            wire.seal(sealed, key)
+            d, pos = self.arena.put(sealed, pos, lo)
+            descs.append(d)
+            del sealed
+        clock = self.clock
+        t0 = clock()
+        self.ask({"op": "stage", "sets": descs})
+        t1 = clock()
+        self.runtime.flush()
+        self.runtime.sync()
+        t2 = clock()
+        ran = self.ask({"op": "run", "keys": keys})
+        t3 = clock()
+        claim, digests = ran.get("claim_s"), ran.get("digests")
+        reply = self.ask({"op": "fetch", "lo": lo, "hi": hi})
+        t4 = clock()
+        if not isinstance(claim, (int, float)) or not math.isfinite(claim) or claim < 0:
+            raise RemoteFailed(f"malformed time claim {claim!r}")
+        outs = reply.get("outs")
+        if not isinstance(outs, list) or len(outs) != b or not all(isinstance(o, list) for o in outs):
+            raise RemoteFailed("malformed fetch reply: one list of outputs per call expected")
+        if not isinstance(digests, list) or len(digests) != b:
+            raise RemoteFailed("malformed run reply: one output digest per call expected")
+        results = []
+        for i, (o, e) in enumerate(zip(outs, expected)):
+            try:
+                got = [self.arena.get(d, lo, hi).to(self.device, copy=True) for d in o]
+            except wire.ProtocolError as exc:
+                raise RemoteFailed(f"malformed output descriptor: {exc}") from exc
+            if wire.digest(got) != digests[i]:
+                raise RemoteFailed("the outputs fetched are not the ones committed when the timed run ended",
+                                   [{"name": "output_commitment", "detail": f"call {i}: digest mismatch"}])
+            if e is None:
+                continue
+            ok, detail = compare(got, e, self.spec["atol"], self.spec["rtol"])
+            results.append({"call": i, "ok": ok, "detail": detail})
+        del sets, expected
+        return {"b": b, "claim_s": float(claim), "stage_s": t1 - t0, "flush_s": t2 - t1, "run_s": t3 - t2,
+                "fetch_s": t4 - t3, "checks": results}
+
+    # ------------------------------------------------------------------ a whole variant
+    def measure(self, checked: bool, timing: dict | None) -> dict:
+        """Correctness trials, then (timing) warm-up and measured trials until the median is tight."""
+        n_correct = max(1, int(self.spec.get("correctness_trials", 5))) if checked else 0
+        frac = float(self.spec.get("timed_check_fraction", 1.0)) if checked else 0.0
+        first = self.reference(self.fresh_inputs())
+        out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
+        checks, trials = [], []
+
+        def run_trial(b: int, must_check: bool) -> dict:
+            mask = [must_check or (checked and self.rng.random() < frac) for _ in range(b)]
+            t = self.trial(b, mask, out_bytes)
+            checks.extend(t["checks"])
+            bad = next((c for c in t["checks"] if not c["ok"]), None)
+            if bad is not None:
+                kind = "timed" if timing and len(checks) > n_correct else "check"
+                raise RemoteFailed(f"output mismatch on a {kind} call: {bad['detail']}",
+                                   [{"name": "timed_output_mismatch", "detail": bad["detail"]}]
+                                   if kind == "timed" else [])
+            return t
+
+        for _ in range(n_correct):
+            run_trial(1, True)
+        out = {"checks": len(checks), "timing": None}
+        if not timing:
+            return out
+        t_first = time.monotonic()
+        warm = [run_trial(1, False) for _ in range(max(1, int(timing["warmup"])))]
+        out["first_call_s"] = time.monotonic() - t_first
+        c = statistics.median(w["claim_s"] for w in warm)
+        b = 1
+        if c < timing["min_trial_s"]:
+            per_set = max(1, sum(wire.nbytes_of(self.fresh_inputs()) for _ in range(1)) + out_bytes)
+            b = max(1, min(1000, math.ceil(timing["min_trial_s"] / max(c, 1e-7)),
+                           int(self.spec.get("max_batch_bytes", 256 << 20)) // per_set))
+        t_start = time.monotonic()
+        while len(trials) < timing["max_trials"]:
+            trials.append(run_trial(b, False))
+            claims = [t["claim_s"] for t in trials]
+            if len(trials) >= timing["min_trials"] and (time.monotonic() - t_start > timing["budget_s"]
+                                                        or rel_sem_median(claims) <= timing["rel_ci"]):
+                break
+            if self.left() < 0.1 * float(self.spec["deadline_s"]):
+                break  # keep what was measured rather than lose it all to the deadline
+        out["checks"] = len(checks)
+        out["timing"] = summarize_trials(trials)
+        return out
+
+
+def summarize_trials(trials: list[dict]) -> dict:
+    """Claimed per-call times, plus the judge's own walls: what the evaluator bounds the claims with."""
+    from sandbox_workers.backends.base import summarize
+
+    claims = [t["claim_s"] for t in trials]
+    b = trials[0]["b"]
+    stats = summarize(claims, b)
+    med = statistics.median
+    stats["trusted"] = {
+        "gap_s": med(t["stage_s"] + t["run_s"] + t["fetch_s"] - t["b"] * t["claim_s"] for t in trials),
+        "run_gap_s": med(t["run_s"] - t["b"] * t["claim_s"] for t in trials),
+        "stage_s": med(t["stage_s"] for t in trials), "fetch_s": med(t["fetch_s"] for t in trials),
+        "run_s": med(t["run_s"] for t in trials), "flush_s": med(t["flush_s"] for t in trials),
+        "wall_per_call_s": med((t["stage_s"] + t["run_s"] + t["fetch_s"]) / t["b"] for t in trials),
+    }
+    return stats
+
+
+def rel_sem_median(samples: list[float]) -> float:
+    med = statistics.median(samples)
+    if med <= 0 or len(samples) < 2:
+        return math.inf
+    return 1.2533 * statistics.stdev(samples) / math.sqrt(len(samples)) / med
+
+
+def compare(outs: list, expected: list, atol: float, rtol: float) -> tuple[bool, str]:
+    """Every element of every output against the reference's, with the dtype's tolerance."""
+    if len(outs) != len(expected):
+        return False, f"expected {len(expected)} outputs, got {len(outs)}"
+    for j, (o, e) in enumerate(zip(outs, expected)):
+        if list(o.shape) != list(e.shape):
+            return False, f"output {j}: shape {tuple(o.shape)} != expected {tuple(e.shape)}"
+        if o.dtype != e.dtype:
+            return False, f"output {j}: dtype {o.dtype} != expected {e.dtype}"
+        if o.is_floating_point():
+            bad, ref_bad = int((~torch.isfinite(o)).sum()), int((~torch.isfinite(e)).sum())
+            if bad > ref_bad:
+                return False, f"output {j}: {bad} NaN/Inf values (reference: {ref_bad})"
+        tol_a, tol_r = max(atol, _TOL.get(e.dtype, 0.0)), max(rtol, _TOL.get(e.dtype, 0.0))
+        if not torch.allclose(o, e, atol=tol_a, rtol=tol_r, equal_nan=True):
+            if e.is_floating_point():
+                diff = (o.double() - e.double()).abs()
+                diff[~torch.isfinite(diff)] = 0
+                n_bad = int((~torch.isclose(o, e, atol=tol_a, rtol=tol_r, equal_nan=True)).sum())
+                return False, (f"output {j}: {n_bad} of {e.numel()} elements differ, max abs diff "
+                               f"{float(diff.max()):.4g} (atol {tol_a}, rtol {tol_r})")
+            return False, f"output {j}: {int((o != e).sum())} elements differ"
+    return True, "ok"
+
+
+def run(spec: dict, ch: wire.Channel, arena: wire.Arena) -> dict:
+    """The whole job; failures of the task or of this side are infrastructure faults."""
+    from sandbox_workers.runner_common import load_task, versions
+
+    try:
+        hello = ch.recv(timeout=float(spec.get("startup_timeout_s", 120)))
+    except wire.ProtocolError as exc:
+        return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
+    judge = Judge(spec, ch, arena)
+    result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
+              "clock": judge.runtime.clock_info(), "variants": {}}
+    try:
+        task = load_task(spec["task_source"])
+        judge.build_reference(task)
+    except Exception as exc:  # noqa: BLE001 - the task itself is broken: not the candidate's fault
+        return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
+    for v in spec["variants"]:
+        t0 = time.monotonic()
+        try:
+            judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False))
+            out = judge.measure(v["checked"], spec.get("timing"))
+            out["ok"] = True
+        except RemoteFailed as exc:
+            out = {"ok": False, "error": exc.error, "violations": exc.violations}
+            if v["checked"]:
+                result["variants"][v["name"]] = out
+                break
+        except Exception as exc:  # noqa: BLE001 - the reference or the judge failed: infrastructure
+            return {"ok": False, "infra": True, "error": f"judge failed in variant {v['name']}: " + _err(exc)}
+        out["wall_s"] = time.monotonic() - t0
+        result["variants"][v["name"]] = out
+    try:
+        ch.send({"op": "exit"})
+    except wire.ProtocolError:
+        pass
+    return result
+
+
+def _err(exc: BaseException, limit: int = 2500) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rfd", type=int, required=True)
+    ap.add_argument("--wfd", type=int, required=True)
+    ap.add_argument("--arena", required=True)
+    args = ap.parse_args(argv)
+    spec = json.loads(sys.stdin.read())
+    arena = wire.Arena(args.arena)
+    try:
+        result = run(spec, wire.Channel(args.rfd, args.wfd), arena)
+    except BaseException as exc:  # noqa: BLE001 - report whatever ended the judge
+        result = {"ok": False, "infra": True, "error": "judge crashed: " + _err(exc)}
+    tmp = spec["result_path"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, spec["result_path"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""One judged run: start the trusted judge and the remote model in two sandboxes, joined by pipes.
+
+The worker (this process) never runs task or candidate code. It makes a job folder (on
+/dev/shm when it can: the arena holding weights, inputs and outputs is memory, not disk),
+starts the judge (task code, trusted) and the remote (candidate code in the strictest
+profile, or the task's Model for the baselines) each in its own OS sandbox, gives each one
+end of two pipes, waits for the judge's result under a deadline, and kills both whatever
+happened. Neither sandbox sees the other's folder, the baseline cache or the repository's
+other files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.config import PROJECT_ROOT
+from sandbox_workers import isolation
+from sandbox_workers.isolation import Limits
+
+log = logging.getLogger(__name__)
+INFRA = PROJECT_ROOT / "skills" / "infra"
+
+
+@dataclass
+class SessionResult:
+    judge: dict | None  # the judge's result, None when it produced none
+    remote_rc: int | None = None
+    remote_signal: str = ""
+    remote_log: str = ""
+    judge_log: str = ""
+    timed_out: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _job_root() -> str | None:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+class Session:
+    """Paths inside the sandboxes are fixed (/job/...); with isolation "none" they are the host's."""
+
+    def __init__(self, cfg, backend: str, role: str, inductor_cache: Path | None = None):
+        self.cfg, self.sb, self.backend, self.role = cfg, cfg.sandbox, backend, role
+        self.inductor_cache = inductor_cache
+        self.isolated = getattr(self.sb, "isolation", "none") != "none"
+        self.dir = Path(tempfile.mkdtemp(prefix="krl-job-", dir=_job_root()))
+        for sub in ("judge", "remote"):
+            (self.dir / sub).mkdir()
+        self.arena = self.dir / "arena"
+        self.arena.write_bytes(b"\0" * (1 << 20))
+        if self.isolated:
+            from sandbox_workers import ossandbox
+
+            for p in (self.dir, self.dir / "judge", self.dir / "remote"):
+                ossandbox.prepare_dir(str(p))
+            ossandbox.prepare_dir(str(self.arena))
+
+    def path(self, host: Path, inside: str) -> str:
+        return inside if self.isolated else str(host)
+
+    def add_library(self, lib: Path) -> str:
+        dst = self.dir / "remote" / "libkrl_ops.so"
+        shutil.copyfile(lib, dst)
+        os.chmod(dst, 0o555)
+        return self.path(dst, "/job/remote/libkrl_ops.so")
+
+    def infra(self) -> str:
+        return self.path(INFRA, "/krl/infra")
+
+    # ------------------------------------------------------------------ processes
+    def run(self, spec: dict, wall_s: float) -> SessionResult:
+        j_r, r_w = os.pipe()  # remote -> judge
+        r_r, j_w = os.pipe()  # judge -> remote
+        judge_log = open(self.dir / "judge.log", "w+b")
+        remote_log = open(self.dir / "remote.log", "w+b")
+        spec = dict(spec, result_path=self.path(self.dir / "judge" / "result.json", "/job/judge/result.json"))
+        procs = []
+        try:
+            remote = self._spawn_remote(r_r, r_w, remote_log)
+            procs.append(remote)
+            judge = self._spawn_judge(j_r, j_w, judge_log)
+            procs.append(judge)
+            for fd in (j_r, r_w, r_r, j_w):
+                os.close(fd)
+            timed_out = False
+            try:
+                judge.communicate(json.dumps(spec).encode(), timeout=wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            try:
+                remote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            for p in procs:
+                kill_tree(p)
+            for fd in (j_r, r_w, r_r, j_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        res = SessionResult(judge=_read_json(self.dir / "judge" / "result.json"), timed_out=timed_out)
+        rc = procs[0].returncode if procs else None
+        res.remote_rc = rc
+        res.remote_signal = signal_name(rc)
+        limit = self.sb.max_output_chars
+        res.remote_log = isolation.read_capped_path(str(self.dir / "remote.log"), limit)
+        res.judge_log = isolation.read_capped_path(str(self.dir / "judge.log"), limit)
+        judge_log.close()
+        remote_log.close()
+        return res
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _env(self, extra: dict) -> dict:
+        env = isolation.sandbox_env(dict(extra, KRL_IN_SANDBOX="1", PYTORCH_NVML_BASED_CUDA_CHECK="1",
+                                         PYTHONUNBUFFERED="1"), home="/tmp" if self.isolated else str(self.dir))
+        if self.backend == "cpu" and self.sb.cpu_threads > 0:
+            env["OMP_NUM_THREADS"] = str(self.sb.cpu_threads)
+        env.pop("TORCH_COMPILE_DISABLE", None)
+        env.pop("TORCHDYNAMO_DISABLE", None)
+        return env
+
+    def _spawn_remote(self, rfd: int, wfd: int, log_file) -> subprocess.Popen:
+        arena = self.path(self.arena, "/job/arena")
+        argv = [sys.executable, "-m", "sandbox_workers.candidate.serve", "--role", self.role, "--rfd", str(rfd),
+                "--wfd", str(wfd), "--arena", arena, "--device", "cuda" if self.backend == "cuda" else "cpu"]
+        if not self.isolated:
+            argv.append("--no-seccomp")
+        # OpenMP pools spin ~10x longer than libgomp's default before they sleep, across the judge's flush
+        # (else every timed call pays their wake-up); the same for the candidate's kernels and torch's own
+        extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "GOMP_SPINCOUNT": "3000000"}
+        if self.role == "baseline" and self.inductor_cache is not None:
+            self.inductor_cache.mkdir(parents=True, exist_ok=True)
+            extra["TORCHINDUCTOR_CACHE_DIR"] = self.path(self.inductor_cache, "/cache/inductor")
+        limits = Limits(wall_s=0, cpu_s=self.sb.cpu_time_limit_s, file_size_mb=self.sb.file_size_limit_mb,
+                        memory_mb=self.sb.eval_memory_limit_mb if self.backend == "cpu" and not self.isolated else 0)
+        if self.isolated:
+            limits.data_mb = self.sb.eval_memory_limit_mb
+        return self._spawn(argv, self._remote_profile(), limits, self._env(extra), (rfd, wfd), log_file)
+
+    def _spawn_judge(self, rfd: int, wfd: int, log_file) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "sandbox_workers.judge", "--rfd", str(rfd), "--wfd", str(wfd),
+                "--arena", self.path(self.arena, "/job/arena")]
+        # the judge's OpenMP threads must sleep, not spin, while the remote is being timed on the same cores
+        extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+        limits = Limits(wall_s=0, cpu_s=0, file_size_mb=0)
+        return self._spawn(argv, self._judge_profile(), limits, self._env(extra), (rfd, wfd), log_file,
+                           stdin=subprocess.PIPE)
+
+    def _spawn(self, argv, profile, limits, env, fds, log_file, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+        if self.isolated:
+            from sandbox_workers import ossandbox
+
+            return ossandbox.spawn(argv, profile, limits, env, pass_fds=fds, stdin=stdin, stdout=log_file,
+                                   stderr=subprocess.STDOUT)
+        return spawn_plain(argv, limits, env, pass_fds=fds, stdin=stdin, stdout=log_file,
+                                     stderr=subprocess.STDOUT, cwd=str(self.dir / self.role_dir()))
+
+    def role_dir(self) -> str:
+        return "remote"
+
+    # ------------------------------------------------------------------ sandbox profiles
+    def _remote_profile(self):
+        if not self.isolated:
+            return None
+        from sandbox_workers import ossandbox
+
+        ro = [(str(PROJECT_ROOT / "sandbox_workers" / "__init__.py"), "/krl/sandbox_workers/__init__.py"),
+              (str(PROJECT_ROOT / "sandbox_workers" / "candidate"), "/krl/sandbox_workers/candidate"),
+              (str(INFRA), "/krl/infra"), (str(self.dir / "remote"), "/job/remote")]
+        rw = [(str(self.arena), "/job/arena")]
+        trusted = self.role == "baseline"
+        if trusted and self.inductor_cache is not None:
+            rw.append((str(self.inductor_cache), "/cache/inductor"))
+        return ossandbox.Profile(name="baseline" if trusted else "candidate", ro_binds=ro, rw_binds=rw,
+                                 chdir="/job/remote", tmp_mb=self.sb.sandbox_tmp_mb, gpu=self.backend == "cuda",
+                                 toolchain=trusted)
+
+    def _judge_profile(self):
+        if not self.isolated:
+            return None
+        from sandbox_workers import ossandbox
+
+        ro = [(str(PROJECT_ROOT / d), f"/krl/{d}") for d in ("sandbox_workers", "cluster", "schemas", "skills")]
+        rw = [(str(self.dir / "judge"), "/job/judge"), (str(self.arena), "/job/arena")]
+        return ossandbox.Profile(name="judge", ro_binds=ro, rw_binds=rw, chdir="/job/judge",
+                                 tmp_mb=self.sb.sandbox_tmp_mb, gpu=self.backend == "cuda", toolchain=False)
+
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def spawn_plain(argv, limits: Limits, env, *, pass_fds, stdin, stdout, stderr, cwd) -> subprocess.Popen:
+    """isolation = "none": the same process tree without a sandbox (trusted code only)."""
+    cmd = [*isolation.limits_prefix(limits), *argv] if (limits.cpu_s or limits.memory_mb or limits.file_size_mb) \
+        else list(argv)
+    return subprocess.Popen(cmd, env=env, pass_fds=pass_fds, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
+                            start_new_session=True)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group (a sandbox's outer bwrap takes its PID namespace with it), then reap."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        log.warning("process %d did not die after SIGKILL", proc.pid)
+
+
+def signal_name(rc: int | None) -> str:
+    if rc is None or rc >= 0:
+        return ""
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
