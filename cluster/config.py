@@ -111,7 +111,7 @@ class SandboxConfig:
     trials: int = 20
     lock_clocks: bool = False
     speedup_threshold: float = 0.05
-    suspicious_speedup: float = 10.0
+    suspicious_speedup: float = 10.0  # unused since every call is checked by the judge; kept so old configs load
     max_output_chars: int = 8000
     # --- added by the sandbox (issue 3) ---
     compile_jobs: int = 2  # parallel compile jobs per build (ninja -j)

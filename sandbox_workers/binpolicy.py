@@ -82,8 +82,8 @@ _DENY = [  # explicit reasons for the usual suspects (everything not allowed is 
     (r"cuda(Stream|Event|Graph|Ipc|UserObject)\w*|cuda(HostAlloc|MallocHost|HostRegister|Malloc\w*|Free\w*|"
      r"MemcpyToSymbol\w*|MemcpyFromSymbol\w*|GetSymbolAddress|LaunchHostFunc|DeviceReset|SetDevice\w*|"
      r"DeviceSet\w+|DeviceSynchronize)", FORBIDDEN_SYMBOL,
-     "CUDA state across calls, other streams/events/graphs, host callbacks or device-wide settings (allocate "
-     "scratch with torch.empty in model_new.py; launch on the stream you are given)"),
+     "CUDA state across calls, other streams/events/graphs, host callbacks or device-wide settings: allocate "
+     "scratch with torch.empty in model_new.py and launch on the stream you are given"),
     (r"cuda(GetDriverEntryPoint\w*|GetProcAddress)|cu[A-Z]\w+", FORBIDDEN_SYMBOL, "the CUDA driver API"),
 ]
 _TORCH_NS = re.compile(r"(^|[\s(<,*&])(torch|at|c10|caffe2|pybind11)::")
@@ -320,7 +320,17 @@ def _global_state(elf: Elf, backend: str, allowed_libs, by_func: dict, reg_funcs
                 if addr <= i.ref < addr + max(size, 1):
                     refs.setdefault(name, []).append(i)
     creators = set().union(*(_CREATORS.get(x, set()) for x in [backend, *allowed_libs]))
-    nexts = {id(a): b for a, b in zip(elf.insns, elf.insns[1:])}
+    index = {id(i): k for k, i in enumerate(elf.insns)}
+
+    def handed_to_creator(i: Insn) -> bool:  # `lea h,%rdi` then a create call; %rdi not copied in between
+        if not (i.mnem.startswith("lea") and i.ops.endswith(",%rdi")):
+            return False
+        for j in elf.insns[index[id(i)] + 1:index[id(i)] + 6]:
+            if _branch(elf, j):
+                return _callee(j.target) in creators and j.func == i.func
+            if re.search(r"%(rdi|edi|di|dil)\b", j.ops):
+                return False
+        return False
     allowed: set[str] = set()
     for name, addr, size, typ in sorted(objs, key=lambda o: o[0].startswith("_ZGV")):  # guards last
         mine = refs.get(name, [])
@@ -339,9 +349,7 @@ def _global_state(elf: Elf, backend: str, allowed_libs, by_func: dict, reg_funcs
         elif (_NVCC_TMP.fullmatch(name) and size == 1) or (name.startswith("_ZGV") and "_Z" + name[4:] in allowed):
             allowed.add(name)  # nvcc's launch-stub flag; the guard of an allowed function-local static
             continue
-        elif size == 8 and not elf.aarch64 and all(
-                i.mnem.startswith("lea") and _callee(getattr(nexts.get(id(i)), "target", "")) in creators
-                for i in touch):
+        elif size == 8 and not elf.aarch64 and all(handed_to_creator(i) for i in touch):
             allowed.add(name)  # a library handle written only by its create call: `if (!h) cublasCreate(&h);`
             continue
         elif name.startswith("_ZGV") and any(o[0] == "_Z" + name[4:] for o in objs):
