@@ -1,24 +1,19 @@
 """Judge the built kernel library by what the binary does: what it calls, runs at load, keeps and executes.
 
-The source rules (guards.check_cpp) are a speed bump: token pasting, ``#include MACRO``, hand-written
+Source rules (guards.check_cpp) are a speed bump: token pasting, ``#include MACRO``, hand-written
 declarations and asm get past any text rule. This policy reads the ELF file the builder produced:
-
-- undefined dynamic symbols against a per-backend allow-list, default deny (``check_symbols``), and
-  the DT_NEEDED libraries;
-- load-time code: every .init_array/.fini_array target is the toolchain's (frame_dummy,
-  __do_global_dtors_aux) or a registration function (KRL_OP's static initialiser, nvcc's
-  __sti____cudaRegisterAll) that calls only the registry / CUDA registration API and writes no
-  global but the registry's; no IFUNC resolvers; nothing added to .init/.fini;
-- writable global state: every object in a writable, non-RELRO section is the toolchain's, the
-  registry's (touched only by registration code), nvcc's launch bookkeeping, or a library handle
-  (8 bytes) written only by its create call; no unnamed writable data, no TLS, no custom sections;
+- undefined dynamic symbols against a per-backend allow-list, default deny (``check_symbols``); DT_NEEDED;
+- load-time code: each .init_array/.fini_array target is the toolchain's or a registration function
+  (KRL_OP's static initialiser, nvcc's __sti____cudaRegisterAll) calling only the registry / CUDA
+  registration API and writing only registry data; no IFUNC resolvers, nothing added to .init/.fini;
+- writable global state: each object in a writable non-RELRO section is the toolchain's, the registry's
+  (touched by registration code only), nvcc's launch bookkeeping, or an 8-byte library handle written only
+  by its create call; no unnamed writable data, TLS or custom sections;
 - raw system calls: syscall/sysenter/int $0x80 (x86-64), svc (aarch64) in any executable section.
-
-A determined attacker can still reach libc through pointer arithmetic from an allowed symbol
-(walking ELF headers at run time) or jump into the middle of an instruction; those need a
-process-level filter (seccomp) in the candidate child. Device-side state (``__device__`` globals)
-has a host shadow in .bss and is refused here; a device buffer keyed by pointer and reached
-otherwise is caught at run time by fresh inputs in the same buffers, not here.
+Left to a process-level filter (seccomp): reaching libc by pointer arithmetic from an allowed symbol
+(walking ELF headers at run time), jumps into the middle of an instruction. ``__device__`` globals have a
+host shadow in .bss and are refused here; a device buffer keyed by pointer and reached otherwise is
+caught at run time by fresh inputs in the same buffers, not here.
 """
 from __future__ import annotations
 
@@ -89,13 +84,11 @@ _DENY = [  # explicit reasons for the usual suspects (everything not allowed is 
 _TORCH_NS = re.compile(r"(^|[\s(<,*&])(torch|at|c10|caffe2|pybind11)::")
 _NEEDED = {"cpu": r"lib(m|c|mvec|gomp|stdc\+\+|gcc_s)\.so\.\d+|ld-linux[\w.-]*\.so\.\d+",
            "cuda": r"lib(m|c|stdc\+\+|gcc_s|cudart)\.so\.\d+|ld-linux[\w.-]*\.so\.\d+"}
-_LIB_FILES = {"cublas": "libcublas", "cublasLt": "libcublasLt", "cudnn": "libcudnn"}
 _REG_CALLEES = {"cpu": {"krl_register"},
                 "cuda": {"krl_register", "__cudaRegisterFatBinary", "__cudaRegisterFatBinaryEnd",
                          "__cudaRegisterFunction", "__cudaRegisterVar", "__cudaInitModule", "atexit", "__cxa_atexit"}}
-_REG_FUNC = re.compile(r"_GLOBAL__sub_I_[\w.$-]+|_ZL24__sti____cudaRegisterAllv|"
-                       r"_Z\d+__static_initialization_and_destruction_\d+ii|_ZL\d+__nv_cudaEntityRegisterCallbackPPv")
 _HELPERS = re.compile(r"_Z\d+__static_initialization_and_destruction_\d+ii|_ZL\d+__nv_cudaEntityRegisterCallbackPPv")
+_REG_FUNC = re.compile(r"_GLOBAL__sub_I_[\w.$-]+|_ZL24__sti____cudaRegisterAllv|" + _HELPERS.pattern)
 _CRT_DATA = re.compile(r"_DYNAMIC|_GLOBAL_OFFSET_TABLE_|__TMC_END__|__dso_handle|completed\.\d+|DW\.ref\.__gxx_"
                        r"personality_v0|__(frame_dummy_init|do_global_dtors_aux_fini)_array_entry")
 _REGISTRY = re.compile(r"_ZL\d+(krl_op_desc_|krl_op_reg_)\w+|_ZL17krl_registry_head")
@@ -104,19 +97,20 @@ _NVCC_TMP = re.compile(r"_ZZ\d+__device_stub__\w+E5__tmp")
 _CREATORS = {"cuda": {"__cudaGetKernel"}, "cublas": {"cublasCreate_v2"}, "cublasLt": {"cublasLtCreate"},
              "cudnn": {"cudnnCreate"}}
 _CRT_UNIQUE = ("frame_dummy", "register_tm_clones", "deregister_tm_clones", "__do_global_dtors_aux", "completed.0",
-               "__dso_handle", "atexit")
+               "__dso_handle", "atexit", "__TMC_END__", "__frame_dummy_init_array_entry", "_DYNAMIC",
+               "__do_global_dtors_aux_fini_array_entry", "_GLOBAL_OFFSET_TABLE_")
 _EXEC_OK = {".init", ".plt", ".plt.got", ".plt.sec", ".text", ".fini", ".iplt"}
 _READ_ONLY_OPS = re.compile(r"(cmp|test|bt|push|call|jmp|ucomis|comis|prefetch|nop)[a-z]*$")
 
 
 @dataclass
-class Insn:
+class Insn:  # one disassembled instruction; ref: rip-relative address from objdump's comment; target: branch symbol
     addr: int
     func: str
     mnem: str
     ops: str
-    ref: int | None = None  # rip-relative address named in objdump's comment
-    target: str = ""  # direct branch target symbol ("name" or "name+0x..")
+    ref: int | None = None
+    target: str = ""
 
 
 @dataclass
@@ -130,23 +124,23 @@ class Elf:
     align: dict[str, int] = field(default_factory=dict)  # section name -> sh_addralign
     relocs: list[tuple[int, str, str]] = field(default_factory=list)  # offset, type, symbol or addend
     insns: list[Insn] = field(default_factory=list)
+    by_func: dict[str, list[Insn]] = field(default_factory=dict)
     aarch64: bool = False
 
 
 def _tool(*args: str) -> str:
     res = subprocess.run(list(args), capture_output=True, text=True, timeout=120)
-    if res.returncode != 0:
+    if res.returncode:
         raise RuntimeError(f"{args[0]} failed: {res.stderr.strip()[:300]}")
     return res.stdout
 
 
 def _demangle(names: list[str]) -> list[str]:
     try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=60).stdout
-        dem = out.splitlines()
-        return dem if len(dem) == len(names) else names
+        dem = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return names
+    return dem.splitlines() if len(dem.splitlines()) == len(names) else names
 
 
 def check_symbols(undefined: list[str], backend: str, allowed_libs=()) -> list[Violation]:
@@ -219,6 +213,7 @@ def _parse(path: Path) -> Elf:
         tgt = re.fullmatch(r"[0-9a-f]+ <([^>]+)>", insn.ops)
         insn.target = tgt.group(1) if tgt else ""
         elf.insns.append(insn)
+        elf.by_func.setdefault(func, []).append(insn)
     return elf
 
 
@@ -287,9 +282,8 @@ def _constructors(elf: Elf, backend: str, by_func: dict, data: dict) -> tuple[li
             found += [Violation(STATIC_CONSTRUCTOR, w) for w in dict.fromkeys(why)]
             reg_funcs.add(name)  # load-time code: may touch registration data (its own faults are reported)
             reg_funcs.update(_callee(i.target) for i in by_func.get(name, ()) if _HELPERS.fullmatch(_callee(i.target)))
-    for sec in (".ctors", ".dtors", ".preinit_array"):
-        if sec in secs:
-            found.append(Violation(STATIC_CONSTRUCTOR, f"the library has a {sec} section"))
+    found += [Violation(STATIC_CONSTRUCTOR, f"the library has a {sec} section")
+              for sec in (".ctors", ".dtors", ".preinit_array") if sec in secs]
     for _, rtype, name in elf.relocs:
         if rtype == "IFUNC" or rtype.endswith("IRELATIVE"):
             name = elf.funcs.get(int(name, 16), name) if re.fullmatch(r"[0-9a-f]+", name) else name
@@ -299,19 +293,18 @@ def _constructors(elf: Elf, backend: str, by_func: dict, data: dict) -> tuple[li
         calls = [i for i in code if _branch(elf, i) and not (i.target and i.target.startswith(("_init", "_fini")))]
         if len(code) > 10 or len(calls) > (1 if sec == ".init" else 0):
             found.append(Violation(STATIC_CONSTRUCTOR, f"code added to the {sec} section runs at load/unload"))
-    for name in _CRT_UNIQUE:
-        if elf.names.get(name, 0) > 1:
-            found.append(Violation(STATIC_CONSTRUCTOR, f"kernel code defines `{name}`, a toolchain symbol"))
+    found += [Violation(MUTABLE_GLOBAL_STATE if _CRT_DATA.fullmatch(name) else STATIC_CONSTRUCTOR,
+                        f"kernel code defines `{name}`, a toolchain symbol") for name in _CRT_UNIQUE
+              if elf.names.get(name, 0) > 1]
     return found, reg_funcs
 
 
-def _global_state(elf: Elf, backend: str, allowed_libs, by_func: dict, reg_funcs: set[str]) -> list[Violation]:
-    found = []
+def _global_state(elf: Elf, backend: str, allowed_libs, reg_funcs: set[str]) -> list[Violation]:
     secs = [s for s in elf.sections if "W" in s[3] and "A" in s[3] and s[0] not in (".got", ".got.plt")
             and ("T" in s[3] or not any(lo <= s[1] and s[1] + s[2] <= hi for lo, hi in elf.relro))]
-    for name, _, size, flags in secs:
-        if "T" in flags or name not in (".data", ".bss", ".nvFatBinSegment", ".tm_clone_table"):
-            found.append(Violation(MUTABLE_GLOBAL_STATE, f"writable section {name} ({size} bytes) in the library"))
+    found = [Violation(MUTABLE_GLOBAL_STATE, f"writable section {name} ({size} bytes) in the library")
+             for name, _, size, flags in secs
+             if "T" in flags or name not in (".data", ".bss", ".nvFatBinSegment", ".tm_clone_table")]
     refs: dict[str, list[Insn]] = {}
     objs = [o for o in elf.objects if any(lo <= o[1] < lo + sz for _, lo, sz, _ in secs)]
     for i in elf.insns:
@@ -337,7 +330,7 @@ def _global_state(elf: Elf, backend: str, allowed_libs, by_func: dict, reg_funcs
         touch = [i for i in mine if _is_store(elf, i) or i.mnem.startswith("lea") or elf.aarch64]
         if typ == "TLS":
             why = "thread-local variable"
-        elif _CRT_DATA.fullmatch(name):
+        elif _CRT_DATA.fullmatch(name) and size <= 8:
             continue
         elif _REGISTRY.fullmatch(name) or _NVCC_DATA.fullmatch(name):
             bad = [i.func for i in mine if i.func not in reg_funcs and i.func not in ("krl_register", "krl_ops")
@@ -388,27 +381,17 @@ def inspect_library(path: Path, backend: str, allowed_libs=()) -> list[Violation
     libs = [lib for lib in allowed_libs if lib in _LIB_ALLOW]
     try:
         elf = _parse(Path(path))
-        undefined = [ln.split()[-1] for ln in _tool("nm", "-D", "--undefined-only", str(path)).splitlines()
-                     if ln.strip()]
+        undefined = _tool("nm", "-D", "--undefined-only", "--format=just-symbols", str(path)).split()
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("cannot inspect %s: %s", path, exc)
         return [Violation(FORBIDDEN_SYMBOL, f"the library could not be inspected: {exc}")]
     found = check_symbols(undefined, backend, libs)
-    ok_needed = re.compile(_NEEDED[backend] + "".join(rf"|{_LIB_FILES[x]}\.so\.\d+" for x in libs))
+    ok_needed = re.compile(_NEEDED[backend] + "".join(rf"|lib{x}\.so\.\d+" for x in libs))
     found += [Violation(FORBIDDEN_SYMBOL, f"the library links {n}, which kernels may not use")
               for n in elf.needed if not ok_needed.fullmatch(n)]
-    by_func: dict[str, list[Insn]] = {}
-    for i in elf.insns:
-        by_func.setdefault(i.func, []).append(i)
-    data = {addr: name for name, addr, _, _ in elf.objects}
-    ctor, reg_funcs = _constructors(elf, backend, by_func, data)
-    found += ctor + _global_state(elf, backend, libs, by_func, reg_funcs) + _raw_syscalls(elf)
-    out, seen = [], set()
-    for v in found:
-        if (v.name, v.detail) not in seen:
-            seen.add((v.name, v.detail))
-            out.append(v)
-    return out
+    ctor, reg_funcs = _constructors(elf, backend, elf.by_func, {addr: name for name, addr, _, _ in elf.objects})
+    found += ctor + _global_state(elf, backend, libs, reg_funcs) + _raw_syscalls(elf)
+    return list(dict.fromkeys(found))  # Violation is frozen: hashable, first occurrence kept
 
 
 def writable_symbols(library: Path, backend: str = "cpu") -> list[str]:

@@ -1,36 +1,31 @@
 """Run one untrusted command in an OS sandbox (bubblewrap): own user, mounts, PIDs, no network; fail closed.
 
-What a sandboxed command gets (``wrap``/``spawn``):
+A sandboxed command (``wrap``/``spawn``) gets: a mount namespace whose root is an
+empty tmpfs holding only ``system_ro_binds`` (/usr, /lib*, /bin, a few /etc files,
+the Python installs of sys.prefix/sys.base_prefix, the CUDA home; read-only) and
+the profile's binds; a private size-capped /tmp; a fresh /proc, a minimal /dev
+(+ /dev/nvidia*, /dev/dri and /sys for ``gpu``); its own PID (bwrap's init is
+PID 1: when the command ends or the outer bwrap dies, everything left inside dies,
+setsid()/double-forked processes included), IPC, UTS and (unless ``network``)
+network namespaces; rlimits set by prlimit inside: RLIMIT_DATA for ``memory_mb``/
+``data_mb`` (unlike RLIMIT_AS it does not break CUDA), CPU, FSIZE, NOFILE, NPROC
+(when set), CORE=0. The ``candidate`` profile (``toolchain=False``) sees no
+compiler, assembler, linker, ninja, nvcc/ptxas/cicc (/dev/null bound over each)
+and no numpy (``import numpy`` raises ModuleNotFoundError; torch works without).
 
-- its own mount namespace whose root is an empty tmpfs holding only the system
-  directories (``system_ro_binds``: /usr, /lib*, /bin, a few /etc files, the
-  Python installs of ``sys.prefix``/``sys.base_prefix``, the CUDA home, read-only)
-  plus the profile's own binds; a private ``/tmp`` (tmpfs, ``tmp_mb`` capped);
-  a fresh ``/proc`` and a minimal ``/dev`` (+ /dev/nvidia*, /dev/dri and /sys for
-  ``gpu`` profiles);
-- its own PID namespace (bwrap's init is PID 1: when the command ends, or the outer
-  bwrap is killed, ``--die-with-parent`` and the namespace's teardown kill every
-  process left inside, setsid()/double-forked ones included), IPC, UTS and (unless
-  ``network``) network namespaces;
-- resource limits set by ``prlimit`` inside: RLIMIT_DATA (``memory_mb``/``data_mb``:
-  unlike RLIMIT_AS it does not break CUDA's address-space reservations), CPU, FSIZE,
-  NOFILE, NPROC (when set), CORE=0;
-- the ``candidate`` profile (``toolchain=False``) sees no compilers, assemblers,
-  linkers, ninja, nvcc/ptxas/cicc (each hidden under an empty /dev/null bind) and no
-  numpy (an ``import numpy`` raises ModuleNotFoundError; torch works without it).
+Kill the *process group* of the outer bwrap (isolation.py does): bwrap 0.8 arms
+its init's parent-death signal only after setup, so a SIGKILL to the outer pid
+alone in its first ~20 ms leaves the sandbox running.
 
-Which user runs it:
+Who runs it: **as root** (the workers' case) bwrap runs privileged *without* a user
+namespace and ``setpriv`` drops to the system user ``krlsandbox`` (made once by
+``useradd --system``; no groups, no capabilities, empty bounding set, no new
+privileges) right before exec; read-write binds must be writable by that user
+(``prepare_dir`` chowns a host tree to it). **As any other user**: bwrap
+``--unshare-user --disable-userns`` maps the current user; nothing to prepare.
 
-- **as root** (the workers' usual case): bwrap runs privileged *without* a user
-  namespace, then ``setpriv`` drops to the system user ``krlsandbox`` (created once
-  with ``useradd --system``; no groups, no capabilities, empty bounding set, no new
-  privileges) right before exec. Directories bound read-write must be writable by
-  that user: ``prepare_dir(path)`` chowns a host directory tree to it.
-- **as any other user**: bwrap ``--unshare-user`` maps the current user; nothing
-  to prepare.
-
-If bwrap cannot run here, ``mode("bwrap")`` raises IsolationUnavailable with the fix;
-``mode("none")`` (``sandbox.isolation = "none"``) is for trusted code only.
+``mode("bwrap")`` raises IsolationUnavailable with the fix when bwrap cannot run
+here; ``mode("none")`` (``sandbox.isolation = "none"``) is for trusted code only.
 """
 from __future__ import annotations
 
@@ -67,6 +62,7 @@ _ETC_NET = ("resolv.conf", "ssl", "ca-certificates", "ca-certificates.conf", "ga
 _TOOLS = {"gcc", "g++", "cc", "c++", "cpp", "as", "ld", "ld.bfd", "ld.gold", "ld.lld", "lld", "ninja", "make",
           "nvcc", "cicc", "ptxas", "nvlink", "fatbinary", "clang", "clang++", "tcc", "cc1", "cc1plus", "collect2",
           "lto1", "lto-wrapper", "cudafe++", "nvdisasm", "cuobjdump"}
+_STUB = 'raise ModuleNotFoundError("numpy is not available in the candidate sandbox", name="numpy")\n'
 _TOOL_PREFIXES = ("gcc-", "g++-", "cpp-", "clang-", "clang++-")
 
 
@@ -246,44 +242,66 @@ def _is_tool(name: str) -> bool:
     return name in _TOOLS or name.startswith(_TOOL_PREFIXES)
 
 
-@functools.lru_cache(maxsize=1)
 def _stub_dir() -> str:
-    """A host dir with numpy/__init__.py raising ModuleNotFoundError, and an empty dir (removed at exit)."""
+    """<tmp>/krl-sandbox-stub-<uid>: numpy/__init__.py raising ModuleNotFoundError, and empty/ (kept, shared).
+
+    Checked on every use (a tmp cleaner may remove it; someone else may have made it): remade when missing,
+    a private per-process one when the shared one is not ours.
+    """
+    stable = os.path.join(tempfile.gettempdir(), f"krl-sandbox-stub-{os.geteuid()}")
+    if _stub_ok(stable):
+        return stable
     d = tempfile.mkdtemp(prefix="krl-sandbox-stub-")
-    os.makedirs(os.path.join(d, "numpy"))
-    os.makedirs(os.path.join(d, "empty"))
+    for sub in ("numpy", "empty"):
+        os.mkdir(os.path.join(d, sub), 0o755)
     with open(os.path.join(d, "numpy", "__init__.py"), "w") as f:
-        f.write('raise ModuleNotFoundError("numpy is not available in the candidate sandbox", name="numpy")\n')
-    for p in (d, os.path.join(d, "numpy"), os.path.join(d, "empty")):
-        os.chmod(p, 0o755)
-    os.chmod(os.path.join(d, "numpy", "__init__.py"), 0o644)
+        f.write(_STUB)
+    for p, m in ((d, 0o755), (f"{d}/numpy", 0o755), (f"{d}/empty", 0o755), (f"{d}/numpy/__init__.py", 0o644)):
+        os.chmod(p, m)  # whatever the umask: the sandbox user reads it
+    try:
+        os.rename(d, stable)  # atomic; fails when another process made it first
+    except OSError:
+        pass
+    if _stub_ok(stable):
+        shutil.rmtree(d, ignore_errors=True)
+        return stable
     atexit.register(shutil.rmtree, d, True)
     return d
 
 
+def _stub_ok(d: str) -> bool:
+    try:
+        for p in (d, f"{d}/numpy", f"{d}/empty", f"{d}/numpy/__init__.py"):
+            st = os.lstat(p)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not st.st_mode & 0o004 or os.path.islink(p):
+                return False
+        with open(f"{d}/numpy/__init__.py") as f:
+            return f.read() == _STUB and not os.listdir(f"{d}/empty")
+    except OSError:
+        return False
+
+
 @functools.lru_cache(maxsize=1)
-def _hide_binds() -> tuple[tuple[str, str], ...]:
-    """(source, inside) binds that hide the toolchain and numpy: for the candidate profile."""
+def _hidden() -> tuple[tuple[str, str], ...]:
+    """(what, path): ("tool", a compiler's real path) and ("numpy"|"empty", numpy's dirs), all visible ones."""
     visible = [d for _, d in _base_binds()]
-    hidden: list[tuple[str, str]] = []
-    seen = set()
+    found: dict[str, str] = {}
     for d in _tool_dirs():
         for name in sorted(os.listdir(d)):
-            if not _is_tool(name):
-                continue
             real = os.path.realpath(os.path.join(d, name))
-            if real not in seen and os.path.isfile(real) and _covered(real, visible):
-                seen.add(real)
-                hidden.append(("/dev/null", real))
-    stub = _stub_dir()
-    for sp in _site_dirs():
-        if not _covered(sp, visible):
-            continue
-        if os.path.isdir(os.path.join(sp, "numpy")):
-            hidden.append((os.path.join(stub, "numpy"), os.path.join(sp, "numpy")))
-        if os.path.isdir(os.path.join(sp, "numpy.libs")):
-            hidden.append((os.path.join(stub, "empty"), os.path.join(sp, "numpy.libs")))
-    return tuple(hidden)
+            if _is_tool(name) and os.path.isfile(real) and _covered(real, visible):
+                found.setdefault(real, "tool")
+    for sp in (sp for sp in _site_dirs() if _covered(sp, visible)):
+        for sub, what in (("numpy", "numpy"), ("numpy.libs", "empty")):
+            if os.path.isdir(os.path.join(sp, sub)):
+                found[os.path.join(sp, sub)] = what
+    return tuple((what, path) for path, what in found.items())
+
+
+def _hide_binds() -> list[tuple[str, str]]:
+    """(source, inside) binds that hide the toolchain (/dev/null over it) and numpy (a stub over it)."""
+    stub = _stub_dir() if any(what != "tool" for what, _ in _hidden()) else ""
+    return [("/dev/null" if what == "tool" else os.path.join(stub, what), path) for what, path in _hidden()]
 
 
 def system_ro_binds(toolchain: bool) -> list[tuple[str, str]]:
@@ -291,25 +309,17 @@ def system_ro_binds(toolchain: bool) -> list[tuple[str, str]]:
 
     Without the toolchain the list ends with binds of /dev/null over every compiler and of a stub over numpy.
     """
-    return list(_base_binds()) + ([] if toolchain else list(_hide_binds()))
+    return list(_base_binds()) + ([] if toolchain else _hide_binds())
 
 
 # ----------------------------------------------------------------------------- command line
 def _limit_args(limits) -> list[str]:
-    args = [shutil.which("prlimit") or "prlimit", "--core=0"]
-    data = getattr(limits, "data_mb", 0) or limits.memory_mb
-    if data:
-        args.append(f"--data={int(data) << 20}")
-    if limits.cpu_s:
-        args.append(f"--cpu={int(limits.cpu_s)}")
-    if limits.file_size_mb:
-        args.append(f"--fsize={int(limits.file_size_mb) << 20}")
-    nofile = getattr(limits, "open_files", 0)
-    if nofile:
-        args.append(f"--nofile={int(nofile)}")
-    if limits.max_procs:  # per-user: as root it counts every process of the sandbox user on this host
-        args.append(f"--nproc={int(limits.max_procs)}")
-    return [*args, "--"]
+    mb = 1 << 20
+    data = getattr(limits, "data_mb", 0) or limits.memory_mb  # RLIMIT_DATA, never RLIMIT_AS (CUDA)
+    values = [("data", data * mb), ("cpu", limits.cpu_s), ("fsize", limits.file_size_mb * mb),
+              ("nofile", getattr(limits, "open_files", 0)),
+              ("nproc", limits.max_procs)]  # per-user: as root, every process of the sandbox user counts
+    return [shutil.which("prlimit") or "prlimit", "--core=0", *(f"--{k}={int(v)}" for k, v in values if v), "--"]
 
 
 class _Mounts:
@@ -402,8 +412,8 @@ def spawn(argv, profile: Profile, limits, env: dict, *, pass_fds=(), stdin=None,
           cwd=None) -> subprocess.Popen:
     """Start argv sandboxed in a new session, registered so that isolation.abort_all() kills it.
 
-    Call isolation.untrack(proc) once it has been waited for. Killing the returned process (SIGKILL to its
-    group) ends everything inside the sandbox.
+    End it with os.killpg(proc.pid, SIGKILL) (everything inside dies); call isolation.untrack(proc) once
+    it has been waited for. `pass_fds` stay open inside, at the same numbers.
     """
     cmd = wrap(argv, profile, limits, env)
     proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd or "/",

@@ -10,6 +10,11 @@ ptrace, process_vm_readv/writev, sockets, mounts, namespaces, bpf, perf, keyring
 userfaultfd, io_uring (its requests bypass seccomp), kernel modules, kexec,
 iopl/ioperm, personality, file handles. A system call of another ABI (i386 via
 int 0x80, x32) kills the process. Supported: x86_64 and aarch64.
+
+Install it after CUDA is initialised: cuInit opens a listening AF_UNIX socket
+(socket+bind+listen; seen on an H200 with driver 580), so a filter installed
+first makes torch.cuda fail with "Error 304: OS call failed". Once initialised,
+CUDA work (allocations, kernels, new threads) runs under the filter.
 """
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ HACKS = {
     "dunder_constructor": (RELU, 'extern "C" void omp_set_num_threads(int);\n'
                                  "__attribute__((__constructor__)) static void boot() { omp_set_num_threads(1); }", "",
                            guards.STATIC_CONSTRUCTOR),
+    "init_array_entry": (RELU, 'extern "C" void omp_set_num_threads(int);\nstatic void boot() { omp_set_num_threads(1); }\n'
+                               '__attribute__((section(".init_array"), used)) static void (*g_boot)() = boot;', "",
+                         guards.STATIC_CONSTRUCTOR),
     "static_cache": ("if (n <= 1024 && g_cache[0] == x[0]) { for (int64_t i = 0; i < n; ++i) y[i] = g_cache[i]; "
                      f"return; }}\n{RELU}\nfor (int64_t i = 0; i < n && i < 1024; ++i) g_cache[i] = y[i];",
                      "static float g_cache[1024];", "", guards.MUTABLE_GLOBAL_STATE),
