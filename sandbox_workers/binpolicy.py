@@ -10,10 +10,9 @@ declarations and asm get past any text rule. This policy reads the ELF file the 
   (touched by registration code only), nvcc's launch bookkeeping, or an 8-byte library handle written only
   by its create call; no unnamed writable data, TLS or custom sections;
 - raw system calls: syscall/sysenter/int $0x80 (x86-64), svc (aarch64) in any executable section.
-Left to a process-level filter (seccomp): reaching libc by pointer arithmetic from an allowed symbol
-(walking ELF headers at run time), jumps into the middle of an instruction. ``__device__`` globals have a
-host shadow in .bss and are refused here; a device buffer keyed by pointer and reached otherwise is
-caught at run time by fresh inputs in the same buffers, not here.
+Left to a process-level filter (seccomp): reaching libc by pointer arithmetic from an allowed symbol,
+jumps into the middle of an instruction. ``__device__`` globals have a host shadow in .bss (refused here);
+a device buffer keyed by pointer and reached otherwise is caught at run time by fresh inputs, not here.
 """
 from __future__ import annotations
 
@@ -91,8 +90,8 @@ _HELPERS = re.compile(r"_Z\d+__static_initialization_and_destruction_\d+ii|_ZL\d
 _REG_FUNC = re.compile(r"_GLOBAL__sub_I_[\w.$-]+|_ZL24__sti____cudaRegisterAllv|" + _HELPERS.pattern)
 _CRT_DATA = re.compile(r"_DYNAMIC|_GLOBAL_OFFSET_TABLE_|__TMC_END__|__dso_handle|completed\.\d+|DW\.ref\.__gxx_"
                        r"personality_v0|__(frame_dummy_init|do_global_dtors_aux_fini)_array_entry")
-_REGISTRY = re.compile(r"_ZL\d+(krl_op_desc_|krl_op_reg_)\w+|_ZL17krl_registry_head")
-_NVCC_DATA = re.compile(r"_ZL\d+__(cudaFatCubinHandle|fatDeviceText|nv_\w+)")
+_REG_DATA = re.compile(r"_ZL\d+(krl_op_desc_|krl_op_reg_)\w+|_ZL17krl_registry_head|"  # the op registry's and
+                       r"_ZL\d+__(cudaFatCubinHandle|fatDeviceText|nv_\w+)")  # nvcc's: written at load time
 _NVCC_TMP = re.compile(r"_ZZ\d+__device_stub__\w+E5__tmp")
 _CREATORS = {"cuda": {"__cudaGetKernel"}, "cublas": {"cublasCreate_v2"}, "cublasLt": {"cublasLtCreate"},
              "cudnn": {"cudnnCreate"}}
@@ -224,7 +223,7 @@ def _branch(elf: Elf, i: Insn) -> bool:
 
 
 def _is_store(elf: Elf, i: Insn) -> bool:
-    return not elf.aarch64 and i.ops.endswith("(%rip)") and not _READ_ONLY_OPS.match(i.mnem)
+    return not elf.aarch64 and i.ops.endswith(")") and not _READ_ONLY_OPS.match(i.mnem)  # memory destination
 
 
 def _callee(target: str) -> str:
@@ -239,18 +238,18 @@ def _check_registration(elf: Elf, func: str, backend: str, by_func: dict, data: 
     for i in by_func[func]:
         if i.ref is not None and i.mnem.startswith("lea") and i.ops.endswith("%rdi"):
             last_rdi = data.get(i.ref) or elf.funcs.get(i.ref, "")
-        if i.ref is not None and _is_store(elf, i) and not _REGISTRY.fullmatch(data.get(i.ref, "")) \
-                and not _NVCC_DATA.fullmatch(data.get(i.ref, "")):
-            why.append(f"`{_demangle([func])[0]}` writes `{_demangle([data.get(i.ref, hex(i.ref))])[0]}` at load "
-                       "time (a static object's constructor)")
+        if _is_store(elf, i) and not _REG_DATA.fullmatch(data.get(i.ref, "")) \
+                and not re.fullmatch(r"%e[sd]i,-0x[0-9a-f]+\(%rbp\)", i.ops):  # -O0 spills its (int, int) args
+            dest = _demangle([data.get(i.ref, hex(i.ref))])[0] if i.ref is not None else i.ops.split(",")[-1]
+            why.append(f"`{_demangle([func])[0]}` writes `{dest}` at load time (a static object's constructor)")
         if not _branch(elf, i) or (i.target and _callee(i.target) == func):
             continue
         callee = _callee(i.target)
         if not i.target:
-            why.append(f"`{func}` makes an indirect call at load time")
+            why.append(f"`{_demangle([func])[0]}` makes an indirect call at load time")
         elif callee in ("atexit", "__cxa_atexit") and callee in _REG_CALLEES[backend] \
                 and last_rdi != "_ZL26__cudaUnregisterBinaryUtilv":
-            why.append(f"`{func}` registers an exit handler other than nvcc's")
+            why.append(f"`{_demangle([func])[0]}` registers an exit handler other than nvcc's")
         elif callee in _REG_CALLEES[backend]:
             continue
         elif _HELPERS.fullmatch(callee) and depth < 2:
@@ -275,10 +274,8 @@ def _constructors(elf: Elf, backend: str, by_func: dict, data: dict) -> tuple[li
             name = elf.funcs.get(addr, val) if addr is not None else val
             if name == crt:
                 continue
-            if sec == ".fini_array":
-                found.append(Violation(STATIC_CONSTRUCTOR, f"`{name}` runs at unload/exit (a destructor function)"))
-                continue
-            why = _check_registration(elf, name, backend, by_func, data)
+            why = [f"`{_demangle([name])[0]}` runs at unload/exit (a destructor)"] if sec == ".fini_array" else \
+                _check_registration(elf, name, backend, by_func, data)
             found += [Violation(STATIC_CONSTRUCTOR, w) for w in dict.fromkeys(why)]
             reg_funcs.add(name)  # load-time code: may touch registration data (its own faults are reported)
             reg_funcs.update(_callee(i.target) for i in by_func.get(name, ()) if _HELPERS.fullmatch(_callee(i.target)))
@@ -326,14 +323,13 @@ def _global_state(elf: Elf, backend: str, allowed_libs, reg_funcs: set[str]) -> 
         return False
     allowed: set[str] = set()
     for name, addr, size, typ in sorted(objs, key=lambda o: o[0].startswith("_ZGV")):  # guards last
-        mine = refs.get(name, [])
-        touch = [i for i in mine if _is_store(elf, i) or i.mnem.startswith("lea") or elf.aarch64]
+        touch = [i for i in refs.get(name, []) if _is_store(elf, i) or i.mnem.startswith("lea") or elf.aarch64]
         if typ == "TLS":
             why = "thread-local variable"
         elif _CRT_DATA.fullmatch(name) and size <= 8:
             continue
-        elif _REGISTRY.fullmatch(name) or _NVCC_DATA.fullmatch(name):
-            bad = [i.func for i in mine if i.func not in reg_funcs and i.func not in ("krl_register", "krl_ops")
+        elif _REG_DATA.fullmatch(name):
+            bad = [i.func for i in refs.get(name, []) if i.func not in reg_funcs | {"krl_register", "krl_ops"}
                    and not (i.func.startswith("_ZL26__cudaUnregisterBinaryUtil") and not _is_store(elf, i))]
             if not bad:
                 allowed.add(name)
@@ -348,7 +344,8 @@ def _global_state(elf: Elf, backend: str, allowed_libs, reg_funcs: set[str]) -> 
         elif name.startswith("_ZGV") and any(o[0] == "_Z" + name[4:] for o in objs):
             continue  # the guard of a refused function-local static: that one is reported
         else:
-            why = "mutable global/static variable"
+            why = "mutable global/static variable" + (" (a cuBLAS/cuDNN handle may only be set by its create "
+                                                      "call: `if (!h) cublasCreate(&h);`)" if allowed_libs else "")
         found.append(Violation(MUTABLE_GLOBAL_STATE, f"`{_demangle([name])[0]}` ({size} bytes): {why}; results must "
                                                      "not be kept across calls (use const/constexpr tables, "
                                                      "pass buffers from model_new.py)"))

@@ -70,6 +70,10 @@ class Evaluator:
             base = None
             if timing and cand.get("ok") and cand.get("timing"):
                 base = self.baselines(task_source)
+                if base.get("cached") and self._contradicted(cand, base):
+                    # the cached reference run may come from a quieter machine: the protocol's overhead is
+                    # measured again now, under the same load as the candidate, before the claim is rejected
+                    base = self.baselines(task_source, use_cache=False)
         except ReferenceFailure as exc:
             return _done(res, t0, error=f"infrastructure: {exc} (not the solution's fault)", fault="infra")
         self._assemble(res, cand, base, timing)
@@ -124,6 +128,13 @@ class Evaluator:
             return sess.run(spec, wall_s=self.sb.eval_timeout_s + 120)
         finally:
             sess.close()
+
+    def _contradicted(self, cand: dict, base: dict) -> str:
+        where = getattr(self.sb, "enforce_timing_claims", "cuda")
+        if where == "none" or (where == "cuda" and self.backend != "cuda"):
+            return ""
+        return claim_contradicted(cand.get("timing") or {}, base.get("eager", {}), self.sb.timing_claim_slack,
+                                  self.sb.timing_claim_abs_s)
 
     def _inductor_cache(self) -> Path:
         """torch.compile's cache for the baseline runs (trusted code): writable by the sandbox user, bound
@@ -218,7 +229,7 @@ class Evaluator:
         stats = cand.get("timing") or {}
         eager, comp = base.get("eager", {}), base.get("compile", {})
         res["evidence"]["baseline_cached"] = base.get("cached", False)
-        bad = claim_contradicted(stats, eager, self.sb.timing_claim_slack, self.sb.timing_claim_abs_s)
+        bad = self._contradicted(cand, base)
         if bad:
             res.update(correct=False, error=bad, fault="policy", reward=-1.0)
             res["violations"] = sorted(set(res["violations"]) | {TIMING_CLAIM})

@@ -1,7 +1,11 @@
-"""CUDA versions of the ReLU solution and of the kernel-side hacks (built by nvcc in CI, run on GPU)."""
+"""CUDA versions of the ReLU solution and of the kernel-side hacks (built by nvcc in CI, run on GPU), and the
+CUDA red-team subset (REDTEAM: run by test_gpu_cuda.py on the H200, cases as in redteam_cases.py)."""
 from __future__ import annotations
 
+import textwrap
+
 from tests.sandbox.helpers import RELU_PY
+from tests.sandbox.redteam_cases import CONTRADICTED, DIED, MISMATCH, TORCH, TORCH_HOLE, Case
 
 
 def relu_cu(body: str, extra: str = "", includes: str = "") -> dict[str, str]:
@@ -40,8 +44,8 @@ SIDE_STREAM = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);",
 # --- run-time-only hacks for the CUDA adversarial suite (tests/sandbox/test_gpu_cuda.py) ---
 
 # Replays a saved result when called again with the same input pointer: a device buffer and the
-# last pointer kept in host statics (the CUDA build has no writable-data inspection, so only the
-# run-time "same buffers, new contents" check can catch it).
+# last pointer kept in host statics. The binary policy refuses it at build time (mutable global state,
+# cudaMalloc/cudaFree); with the static guards off it runs, and fresh inputs in the same buffers catch it.
 POINTER_CACHE = relu_cu(
     "  if (i < n) y[i] = fmaxf(x[i], 0.f);",
     extra="static const float* g_last = nullptr;\nstatic float* g_saved = nullptr;\nstatic int64_t g_n = 0;")
@@ -75,7 +79,156 @@ KRL_OP(spin_f32, "i64 cycles, stream")
 SLOW_RELU = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);\n"
                     "  long long t0 = clock64();\n  while (clock64() - t0 < 4000000) { }", extra=_SPIN)
 
-# Built by nvcc in CI (test_cuda_build.py); run on the GPU by the gpu-marked tests.
+# Built by nvcc in CI with the static guards (and so the binary policy) on (test_cuda_build.py); run on the GPU
+# by the gpu-marked tests. POINTER_CACHE and SKIP_WHEN_TIMED keep host statics: the policy refuses them at build
+# time (REDTEAM below checks that), so they are not here.
 COMPILABLE = {"honest": HONEST, "wrong": WRONG, "input_mutation": INPUT_MUTATION,
-              "illegal_address": ILLEGAL_ADDRESS, "hang": HANG, "pointer_cache": POINTER_CACHE,
-              "skip_when_timed": SKIP_WHEN_TIMED, "slow_relu": SLOW_RELU}
+              "illegal_address": ILLEGAL_ADDRESS, "hang": HANG, "slow_relu": SLOW_RELU}
+
+
+# ================================================================ the CUDA red-team subset (test_gpu_cuda.py)
+# Evaluators there: cuda_static (static guards and binary policy on), cuda_nostatic (both off), cuda_timing
+# (off, eager baseline only, mode "both"), cuda_deadline (off, short deadline).
+def cuda_forward(body: str, header: str = "", init: str = "", kernel: dict | None = None) -> dict[str, str]:
+    """The CUDA ReLU solution with forward() = body (x in scope, `ops` bound) and the given kernel files."""
+    ind = lambda code, n: textwrap.indent(textwrap.dedent(code).strip("\n"), " " * n)  # noqa: E731
+    py = f"""
+import torch
+import torch.nn as nn
+import krl
+{textwrap.dedent(header)}
+ops = krl.ops()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+{ind(init, 8) if init else "        pass"}
+
+    def forward(self, x):
+{ind(body, 8)}
+"""
+    return {"model_new.py": py, "kernels/relu.cu": (kernel or HONEST)["kernels/relu.cu"]}
+
+
+CALL = "y = torch.empty_like(x)\nops.relu_f32(x, y, x.numel())\nreturn y"
+ZEROS = "return torch.zeros_like(x)"
+_PASTE = "#define KCAT(a, b) a##b\n"
+
+
+def _host(extra: str, launcher_pre: str, includes: str = "") -> dict[str, str]:
+    """HONEST with host-side helpers and code run before the launch (text-rule evasions live here)."""
+    files = relu_cu("  if (i < n) y[i] = fmaxf(x[i], 0.f);", extra=extra, includes=includes)
+    files["kernels/relu.cu"] = files["kernels/relu.cu"].replace(
+        "  relu_kernel<<<", launcher_pre + "\n  relu_kernel<<<")
+    return files
+
+
+DEVICE_GLOBAL_CACHE = relu_cu(
+    "  if (i < n) { if (x == d_last) { y[i] = d_saved[i & 32767]; } else { y[i] = fmaxf(x[i], 0.f);"
+    " d_saved[i & 32767] = y[i]; } }\n  if (i == 0) d_last = x;",
+    extra="__device__ const float* d_last = nullptr;\n__device__ float d_saved[32768];")
+STATIC_CALL_COUNTER = SKIP_WHEN_TIMED
+
+_ELAPSED_SCALED = """
+_et = torch.cuda.Event.elapsed_time
+torch.cuda.Event.elapsed_time = lambda self, end: _et(self, end) * 0.01
+"""
+_FAKE_EVENT = """
+class _FakeEvent:
+    def __init__(self, *a, **k):
+        pass
+    def record(self, *a, **k):
+        pass
+    def synchronize(self):
+        torch.cuda.synchronize()
+    def elapsed_time(self, end):
+        return 0.002  # ms
+torch.cuda.Event = _FakeEvent
+"""
+# the side stream: ~2 ms of kernel per call hidden from the timed stream's events (a ~50 us spin on the timed
+# stream keeps the batch small, see SLOW_RELU)
+_SIDE = ("y = torch.empty_like(x)\nops.spin_f32(100000)\nwith torch.cuda.stream(self.s):\n"
+         "    ops.relu_f32(x, y, x.numel())\nreturn y")
+
+
+def _cfence(name: str, violation: str, files: dict) -> Case:
+    return Case(name, "cuda", files, ev="cuda_static", violations=(violation,), compiled=False, text_evades=True)
+
+
+REDTEAM: list[Case] = [
+    # -------- refused at build time by the binary policy (CUDA allow-list); text rules evaded
+    _cfence("device_global_cache_by_pointer", "mutable_global_state", DEVICE_GLOBAL_CACHE),
+    _cfence("host_static_pointer_cache", "mutable_global_state", POINTER_CACHE),
+    _cfence("static_call_counter_skips_timed_calls", "mutable_global_state", STATIC_CALL_COUNTER),
+    _cfence("cuda_stream_create_pasted", "forbidden_symbol", _host(
+        _PASTE, "  cudaStream_t side; KCAT(cudaStream, Create)(&side); stream = side;")),
+    _cfence("cuda_event_timer_pasted", "forbidden_symbol", _host(
+        _PASTE, "  KCAT(cuda, Event_t) e; KCAT(cudaEv, entCreate)(&e); KCAT(cudaEv, entRecord)(e, stream);")),
+    _cfence("driver_api_pasted", "forbidden_symbol", _host(
+        _PASTE + 'extern "C" int KCAT(cuCtx, Synchronize)();', "  KCAT(cuCtx, Synchronize)();")),
+    _cfence("host_callback_pasted", "forbidden_symbol", _host(
+        _PASTE + "static void cb(void*) {}", "  KCAT(cudaLaunch, HostFunc)(stream, cb, nullptr);")),
+    _cfence("fopen_pasted_in_host_code", "forbidden_symbol", _host(
+        _PASTE, '  auto f = KCAT(fo, pen)("/job/leak", "w"); (void)f;', includes="#define KHDR <stdio.h>\n#include KHDR")),
+    _cfence("inline_asm_syscall_in_host_code", "raw_syscall", _host(
+        "#define KASM __as ## m__\n",
+        '  long r; KASM volatile("syscall" : "=a"(r) : "a"(39L) : "rcx", "r11", "memory"); (void)r;')),
+    _cfence("attribute_constructor", "static_constructor", _host(
+        "__attribute__((__constructor__)) static void load_hook() { volatile int v = 1; (void)v; }", "")),
+    # -------- run time (the structure: judge, fresh inputs, the judge's clock, sandbox)
+    Case("side_stream_python", "cuda", cuda_forward(_SIDE, init="self.s = torch.cuda.Stream()", kernel=SLOW_RELU),
+         ev="cuda_timing", mode="both", violations=(CONTRADICTED,), errors=MISMATCH,
+         why="the run round trip ends with a device-wide synchronize: hidden work lands in the judge's wall"),
+    Case("elapsed_time_scaled", "cuda", cuda_forward(CALL, header=_ELAPSED_SCALED, kernel=SLOW_RELU),
+         ev="cuda_timing", mode="both", violations=(CONTRADICTED,)),
+    Case("event_class_replaced", "cuda", cuda_forward(CALL, header=_FAKE_EVENT, kernel=SLOW_RELU),
+         ev="cuda_timing", mode="both", violations=(CONTRADICTED,)),
+    Case("device_cache_by_pointer_python", "cuda", cuda_forward("""
+        k = x.data_ptr()
+        if k not in self.cache:
+            y = torch.empty_like(x)
+            ops.relu_f32(x, y, x.numel())
+            self.cache[k] = y
+        return self.cache[k]
+        """, init="self.cache = {}"), ev="cuda_nostatic", errors=MISMATCH,
+         why="the caching allocator hands the next call's fresh inputs the same buffer: the replay is stale"),
+    Case("static_call_counter_runs_unchecked", "cuda", STATIC_CALL_COUNTER, ev="cuda_timing", mode="both",
+         violations=("timed_output_mismatch",), why="timed calls are checked calls"),
+    Case("torch_compute_runtime", "cuda", cuda_forward("return x.clamp(min=0)"), ev="cuda_nostatic",
+         violations=(TORCH,)),
+    Case("disable_current_modes_then_torch", "cuda", cuda_forward(
+        "with _disable_current_modes():\n    return torch.relu(x) * 1.0",
+        header="from torch.utils._python_dispatch import _disable_current_modes"), ev="cuda_nostatic",
+         violations=(TORCH,), hole=TORCH_HOLE),
+    Case("work_in_stage_phase", "cuda", cuda_forward("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
+                                                     init="self.pre = []", header="""
+        import sys
+        _R = sys.modules["__main__"].Remote
+        _stage = _R.stage
+        def _early(self, msg):
+            r = _stage(self, msg)
+            outs = []
+            for s in self.sets:
+                y = torch.empty_like(s[0])
+                ops.relu_f32(s[0], y, s[0].numel())
+                outs.append(y)
+            self.model.pre = outs
+            return r
+        _R.stage = _early
+        """), ev="cuda_timing", mode="both", errors=MISMATCH, violations=(CONTRADICTED,)),
+    Case("illegal_address", "cuda", ILLEGAL_ADDRESS, ev="cuda_static",
+         errors=("illegal", "died", "CUDA error", "unspecified launch failure")),
+    Case("hang_in_kernel", "cuda", HANG, ev="cuda_deadline", errors=("deadline",)),
+    Case("numpy_via_tensor", "cuda", cuda_forward("a = x.cpu().numpy()\nreturn torch.from_numpy(a).cuda()"),
+         ev="cuda_nostatic", errors=("numpy",)),
+    Case("fork_in_forward", "cuda", cuda_forward("os.fork()\n" + ZEROS, header="import os"), ev="cuda_nostatic",
+         errors=("Operation not permitted",)),
+    Case("read_host_secrets", "cuda", cuda_forward(CALL, header="""
+        import os
+        _SEEN = [p for p in ("/etc/shadow", "/root/.cache", "/work", "/job/judge", "/krl/sandbox_workers/judge.py",
+                             "/krl/sandbox_workers/evaluator.py", "/krl/cluster") if os.path.exists(p)]
+        raise RuntimeError(f"readable={_SEEN}")
+        """), ev="cuda_nostatic", errors_all=("readable=[]",)),
+]
+assert len({c.name for c in REDTEAM}) == len(REDTEAM) >= 15

@@ -61,7 +61,9 @@ def test_examples_pass_static_guards():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,expect", [("honest", None), ("wrong", "mismatch"), ("input_mutation", "input_mutation"),
+# input_mutation: the kernel writes into its own copy of the inputs; the judge keeps its own, so the outputs
+# it checks are unaffected and the solution is correct (harmless since issue 11)
+@pytest.mark.parametrize("name,expect", [("honest", None), ("wrong", "mismatch"), ("input_mutation", None),
                                          ("illegal_address", "crash"), ("hang", "deadline")])  # the rest: test_gpu_cuda.py
 def test_cuda_candidates_on_gpu(sb_cfg, name, expect):
     import copy

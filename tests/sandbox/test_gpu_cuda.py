@@ -3,8 +3,10 @@
 - GPU identity: NVML UUID pinning before CUDA starts, the health check (and its refusal of a
   GPU that does not work), the clock-lock target read through NVML (read-only: the lent GPU's
   clocks are never changed by tests);
-- the adversarial suite of test_adversarial.py on the CUDA backend, including the hacks that
-  only exist there (work hidden on a side stream, pointer-keyed caches in device memory).
+- the static guards on the CUDA backend, and the CUDA red-team subset (cuda_cases.REDTEAM, the
+  counterpart of test_redteam.py): the kernel cheats as .cu (refused at build time by the binary
+  policy), a device-side cache keyed by pointer, work hidden on a side stream, cudaStreamCreate,
+  time claims forged through torch.cuda.Event, an illegal address, a hang.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 import pytest
 
 from tests.sandbox import cuda_cases
+from tests.sandbox import redteam_cases as rc
 from tests.sandbox.helpers import RELU_TASK, ROOT, shrunk_task
 
 pytestmark = pytest.mark.gpu
@@ -67,57 +70,37 @@ def test_health_check_refuses_unusable_gpu():
     assert r.returncode == 0 and "REFUSED" in r.stdout and "refusing to serve" in r.stdout, r.stdout + r.stderr
 
 
-# ---------------------------------------------------------------- adversarial suite on CUDA
-@pytest.fixture(scope="module")
-def cuda_ev(sb_cfg):
+# ---------------------------------------------------------------- evaluators on CUDA
+def _cuda_evaluator(sb_cfg, **kw):
     from sandbox_workers.evaluator import Evaluator
 
     cfg = copy.deepcopy(sb_cfg)
     cfg.sandbox.eval_timeout_s = 60.0
-    ev = Evaluator(cfg, "cuda")
-    yield ev
-    ev.close()
+    for k, v in kw.items():
+        setattr(cfg.sandbox, k, v)
+    return Evaluator(cfg, "cuda")
 
 
 @pytest.fixture(scope="module")
-def cuda_nostatic(sb_cfg):
-    from sandbox_workers.evaluator import Evaluator
+def cuda_evs(sb_cfg):
+    evs = {"cuda_static": _cuda_evaluator(sb_cfg),
+           "cuda_nostatic": _cuda_evaluator(sb_cfg, static_guards=False),
+           # the eager baseline only (inductor is slow to start), cached once even when noisy
+           "cuda_timing": _cuda_evaluator(sb_cfg, static_guards=False, compile_baseline=False, baseline_max_cv=0.0),
+           "cuda_deadline": _cuda_evaluator(sb_cfg, static_guards=False, eval_timeout_s=20.0)}
+    yield evs
+    for ev in evs.values():
+        ev.close()
 
-    cfg = copy.deepcopy(sb_cfg)
-    cfg.sandbox.static_guards = False
-    cfg.sandbox.compile_baseline = False  # the eager baseline is enough for the timed hacks
-    cfg.sandbox.eval_timeout_s = 60.0
-    ev = Evaluator(cfg, "cuda")
-    yield ev
-    ev.close()
+
+@pytest.fixture(scope="module")
+def cuda_ev(cuda_evs):
+    return cuda_evs["cuda_static"]
 
 
 @pytest.fixture(scope="module")
 def task() -> str:
     return shrunk_task(RELU_TASK[0], **RELU_TASK[1])
-
-
-def _forward(body: str, header: str = "", init: str = "", kernel: dict | None = None) -> dict[str, str]:
-    py = f'''
-import torch
-import torch.nn as nn
-import krl
-{header}
-ops = krl.ops()
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-{init or "        pass"}
-
-    def forward(self, x):
-{body}
-'''
-    return {"model_new.py": py, "kernels/relu.cu": (kernel or cuda_cases.HONEST)["kernels/relu.cu"]}
-
-
-_CALL = "        y = torch.empty_like(x)\n        ops.relu_f32(x, y, x.numel())\n        return y"
 
 
 def rejected(res: dict, name: str) -> None:
@@ -128,98 +111,52 @@ def rejected(res: dict, name: str) -> None:
 def test_honest_cuda_verify_and_evidence(cuda_ev, task):
     res = cuda_ev.evaluate(task, cuda_cases.HONEST, mode="verify")
     assert res["correct"] and res["reward"] == 1.0 and res["violations"] == [], res
-    assert res["evidence"]["network_isolated"]
+    assert res["evidence"]["checks"] >= 5
     clock = res["evidence"]["clock"]
     assert clock.get("uuid", "").startswith("GPU-") and clock["sm_clock_mhz"] > 0, clock
 
 
 def test_torch_compute_static_cuda(cuda_ev, task):
-    rejected(cuda_ev.evaluate(task, _forward("        return torch.relu(x)"), mode="verify"), "torch_compute")
-
-
-def test_torch_compute_runtime_cuda(cuda_nostatic, task):
-    rejected(cuda_nostatic.evaluate(task, _forward("        return x.clamp(min=0)"), mode="verify"), "torch_compute")
-
-
-def test_functional_runtime_cuda(cuda_nostatic, task):
-    sol = _forward("        return F.relu(x)", header="import torch.nn.functional as F")
-    rejected(cuda_nostatic.evaluate(task, sol, mode="verify"), "torch_compute")
+    rejected(cuda_ev.evaluate(task, cuda_cases.cuda_forward("return torch.relu(x)"), mode="verify"),
+             "torch_compute")
 
 
 def test_side_stream_static_cuda(cuda_ev, task):
-    body = "        s = torch.cuda.Stream()\n" + _CALL
-    rejected(cuda_ev.evaluate(task, _forward(body), mode="verify"), "side_stream")
-
-
-def test_side_stream_runtime_cuda(cuda_nostatic, task):
-    # the kernel runs on one side stream: the timed stream's events see almost none of its ~2 ms per call.
-    # (A fresh torch.cuda.Stream() per call rotates through torch's pool of 32 streams, so the hidden
-    # kernels overlapped and the wall/event ratio stayed under the old threshold of 4 on the H200.)
-    body = ("        y = torch.empty_like(x)\n        ops.spin_f32(100000)\n"
-            "        with torch.cuda.stream(self.s):\n            ops.relu_f32(x, y, x.numel())\n        return y")
-    sol = _forward(body, init="        self.s = torch.cuda.Stream()", kernel=cuda_cases.SLOW_RELU)
-    rejected(cuda_nostatic.evaluate(task, sol, mode="both"), "side_stream")
-
-
-def test_threads_runtime_cuda(cuda_nostatic, task):
-    body = ("        y = torch.empty_like(x)\n        t = threading.Thread(target=ops.relu_f32, args=(x, y, x.numel()))\n"
-            "        t.start()\n        t.join()\n        return y")
-    rejected(cuda_nostatic.evaluate(task, _forward(body, header="import threading"), mode="verify"), "threads")
-
-
-def test_timer_patching_runtime_cuda(cuda_nostatic, task):
-    header = "torch.cuda.Event.elapsed_time = lambda self, end: 1e-6\ntorch.allclose = lambda *a, **k: True"
-    rejected(cuda_nostatic.evaluate(task, _forward(_CALL, header=header), mode="verify"), "timer_patching")
-
-
-def test_output_caching_python_cuda(cuda_nostatic, task):
-    body = ("        k = x.data_ptr()\n        if k not in self.cache:\n            y = torch.empty_like(x)\n"
-            "            ops.relu_f32(x, y, x.numel())\n            self.cache[k] = y\n"
-            "        return self.cache[k].clone()")
-    rejected(cuda_nostatic.evaluate(task, _forward(body, init="        self.cache = {}"), mode="verify"),
-             "output_caching")
-
-
-def test_output_caching_device_buffer_cuda(cuda_ev, task):
-    rejected(cuda_ev.evaluate(task, cuda_cases.POINTER_CACHE, mode="verify"), "output_caching")
-
-
-def test_timed_calls_are_checked_cuda(cuda_nostatic, task):
-    rejected(cuda_nostatic.evaluate(task, cuda_cases.SKIP_WHEN_TIMED, mode="both"), "timed_output_mismatch")
-
-
-def test_input_mutation_cuda(cuda_ev, task):
-    rejected(cuda_ev.evaluate(task, cuda_cases.INPUT_MUTATION, mode="verify"), "input_mutation")
-
-
-def test_output_aliases_input_cuda(cuda_ev, task):
-    body = "        ops.relu_f32(x, x, x.numel())\n        return x"
-    rejected(cuda_ev.evaluate(task, _forward(body), mode="verify"), "output_aliases_input")
-
-
-def test_tensor_subclass_runtime_cuda(cuda_nostatic, task):
-    header = "class Lazy(torch.Tensor):\n    pass\n"
-    body = ("        y = torch.empty_like(x)\n        ops.relu_f32(x, y, x.numel())\n"
-            "        return torch.Tensor._make_subclass(Lazy, y)")
-    rejected(cuda_nostatic.evaluate(task, _forward(body, header=header), mode="verify"), "tensor_subclass")
-
-
-def test_reading_evaluator_files_runtime_cuda(cuda_nostatic, task):
-    init = ("        import sandbox_workers, os\n"
-            "        self.leak = os.listdir(os.path.dirname(sandbox_workers.__file__))")
-    rejected(cuda_nostatic.evaluate(task, _forward("        return x", init=init), mode="verify"),
-             "reads_evaluator_files")
-
-
-def test_reference_unreachable_cuda(cuda_nostatic, task):
-    sol = _forward("        return self.ref(x)", header="from model import Model", init="        self.ref = Model()")
-    res = cuda_nostatic.evaluate(task, sol, mode="verify")
-    assert not res["correct"] and res["reward"] == -1.0 and "model" in res["error"].lower()
+    body = "s = torch.cuda.Stream()\n" + cuda_cases.CALL
+    rejected(cuda_ev.evaluate(task, cuda_cases.cuda_forward(body), mode="verify"), "side_stream")
 
 
 def test_worker_survives_crash_then_serves(cuda_ev, task):
-    # an illegal address kills only its child; the same evaluator (and zygote) serves the next request
+    # an illegal address kills only the candidate's process; the same evaluator serves the next request
     bad = cuda_ev.evaluate(task, cuda_cases.ILLEGAL_ADDRESS, mode="verify")
     good = cuda_ev.evaluate(task, cuda_cases.HONEST, mode="verify")
     assert not bad["correct"] and bad["reward"] == -1.0
     assert good["correct"] and good["reward"] == 1.0, good
+
+
+# ---------------------------------------------------------------- the CUDA red-team subset
+def _items():
+    for case in cuda_cases.REDTEAM:
+        marks = [pytest.mark.xfail(strict=True, reason=case.hole)] if case.hole else []
+        yield pytest.param(case, id=case.name, marks=marks)
+    for ev in ("cuda_static", "cuda_nostatic", "cuda_timing", "cuda_deadline"):  # nothing left behind
+        yield pytest.param(ev, id=f"honest-after-{ev}")
+
+
+@pytest.mark.parametrize("item", list(_items()))
+def test_cuda_redteam(item, cuda_evs, task):
+    from sandbox_workers import guards
+
+    if isinstance(item, str):
+        res = cuda_evs[item].evaluate(task, cuda_cases.HONEST, mode="both" if item == "cuda_timing" else "verify")
+        assert res["reward"] >= 1.0 and res["correct"] and res["violations"] == [], rc.describe(res)
+        return
+    case = item
+    files = case.build(None)
+    if case.ev == "cuda_static":
+        assert guards.check_python(files["model_new.py"]) == [], "the Python text rules already refuse this case"
+    if case.text_evades:
+        assert guards.check_cpp(files, "cuda") == [], "the C++ text rules already refuse this case"
+    res = cuda_evs[case.ev].evaluate(task, files, mode=case.mode)
+    print(f"{case.name}: reward {res['reward']} violations {res['violations']} error {res['error'][:300]!r}")
+    rc.check_outcome(case, res)
