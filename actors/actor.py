@@ -215,7 +215,8 @@ def build_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task, cli
     acfg = cfg.actor
     ws = Workspace.create(ws_root, episode_id, task.model_py, task.backend, starter=limits.mode != "single_turn")
     local = LocalTools(ws.root, protected=ws.protected, bash_timeout_s=acfg.bash_timeout_s,
-                       max_output_chars=acfg.max_observation_chars)
+                       max_output_chars=acfg.max_observation_chars, isolation=cfg.sandbox.isolation,
+                       tmp_mb=max(cfg.sandbox.sandbox_tmp_mb, 512))
     remote = RemoteTools(client, task, episode_id, ws, timeout_s=acfg.tool_timeout_s,
                          max_output_chars=acfg.max_observation_chars, cuda_arch=cfg.sandbox.cuda_arch)
     skill = single_turn_skill_text(task.backend) if limits.mode == "single_turn" else skill_text(task.backend)

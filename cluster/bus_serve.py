@@ -27,10 +27,10 @@ def default_error_reply(msg, exc: BaseException):
     error = f"{type(exc).__name__}: {exc}"[:4000]
     rid = msg.header.request_id
     if isinstance(msg, CompileRequest):
-        return CompileResult(request_id=rid, episode_id=msg.episode_id, ok=False, error=error)
+        return CompileResult(request_id=rid, episode_id=msg.episode_id, ok=False, error=error, fault="infra")
     if isinstance(msg, EvaluateRequest):
         return EvaluateResult(request_id=rid, episode_id=msg.episode_id, task_id=msg.task_id,
-                              compiled=False, correct=False, reward=0.0, error=error)
+                              compiled=False, correct=False, reward=0.0, error=error, fault="infra")
     return None
 
 

@@ -1,6 +1,8 @@
 """The binary policy on real builds: hacks the source rules miss are refused by what the library does."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from sandbox_workers import binpolicy, guards, workspace
@@ -96,8 +98,6 @@ def test_honest_code_passes(sb_cfg, flags, body, includes):
 
 
 def test_policy_is_part_of_the_artifact_key(sb_cfg):
-    import copy
-
     from sandbox_workers.compiler import cache_key
 
     files = relu_with_body(RELU)
@@ -109,7 +109,7 @@ def test_policy_is_part_of_the_artifact_key(sb_cfg):
 def test_writable_symbols_reexport(sb_cfg):
     from sandbox_workers.backends.cpu import writable_symbols
 
-    off = __import__("copy").deepcopy(sb_cfg)
+    off = copy.deepcopy(sb_cfg)
     off.sandbox.static_guards = False
     out = compile_workspace(relu_with_body(*HACKS["static_cache"][:2]), "cpu", off)
     assert out.ok and writable_symbols(out.library) == ["g_cache"]
