@@ -534,7 +534,8 @@ SHARED = [
     Case("read_host_secrets_and_sources", "shared", lambda ctx: fwd(CALL, header=f"""
         import os
         _P = ["/etc/shadow", "/etc/sudoers", {str(ROOT / 'sandbox_workers' / 'evaluator.py')!r},
-              {str(ROOT / 'sandbox_workers' / 'judge.py')!r}, "/root/.cache", "/root/.ssh", "/work",
+              {str(ROOT / 'sandbox_workers' / 'judge.py')!r}, {str(ROOT / '.git')!r}, {str(ROOT / 'cluster')!r},
+              "/root/.cache", "/root/.ssh",
               {str(ctx.ref_root)!r}, {str(ctx.artifact_root)!r}, "/job/judge", "/krl/sandbox_workers/judge.py",
               "/krl/sandbox_workers/evaluator.py", "/krl/cluster"]
         _SEEN = []

@@ -87,20 +87,30 @@ def _snapshot(*roots: Path) -> dict[str, str]:
     return out
 
 
-def _survivors(token: str) -> list[str]:
-    """Processes or threads on this host whose name or command line carries the case's token."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        if token.encode() in cmd or token in names:
-            found.append(f"{pid}: {cmd[:200]!r} {sorted(set(names))[:5]}")
-    return found
+def _survivors(token: str, wait_s: float = 10.0) -> list[str]:
+    """Live processes or threads on this host whose name or command line carries the case's token.
+
+    The sandbox's PID namespace is torn down when its outer bwrap is killed; for a moment the killed
+    candidate can still be a zombie (state Z) waiting for the namespace's init: dead, not a survivor.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+                         for t in os.listdir(f"/proc/{pid}/task")]
+            except (OSError, IndexError):
+                continue
+            if (token.encode() in cmd or token in names) and state not in ("Z", "X"):
+                found.append(f"{pid} ({state}): {cmd[:200]!r} {sorted(set(names))[:5]}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- the cases, family by family
