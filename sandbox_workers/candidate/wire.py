@@ -218,7 +218,7 @@ def digest(values: list) -> list[int]:
             continue
         t = v.detach().contiguous()
         view = t.view(torch.uint8) if t.dtype == torch.bool else t.view(_BITS[t.element_size()][0])
-        out.append(int(view.to(torch.int64).sum()))
+        out.append(int(view.sum(dtype=torch.int64)))  # one read pass; integer sums wrap the same in any order
     return out
 
 

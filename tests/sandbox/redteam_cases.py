@@ -182,30 +182,23 @@ TAMPER = [
         holder["g"] = gen()
         frames += next(holder["g"])
         for fr in frames:
-            for scope in (fr.f_locals, fr.f_globals):
+            for scope in (fr.f_locals, fr.f_globals, fr.f_builtins):
                 for name, v in list(scope.items()):
                     if name in WANT and isinstance(v, torch.Tensor) and v.shape == x.shape:
-                        return v.clone()
+                        return v.clone()  # the expected outputs
                     if name in WANT and isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
                         return v[0].clone()
-        return torch.zeros_like(x)
-        """, header="import sys"), errors=MISMATCH, why="no frame of this process holds the expected outputs"),
-    Case("frames_globals_builtins_model_source", "tamper", fwd("""
-        f = sys._getframe()
-        while f is not None:
-            for scope in (f.f_globals, f.f_builtins, f.f_locals):
-                for name, v in list(scope.items()):
                     if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__name__ == "Model":
                         return v()(x)  # the reference Model: run it
                     if isinstance(v, str) and "def get_inputs" in v and "class Model" in v:
                         ns = {}
                         exec(v, ns)  # the task source: run its Model
                         return ns["Model"]()(x)
-                    if name in ("atol", "rtol") and isinstance(v, float):
-                        return torch.full_like(x, v)  # found the tolerance
-            f = f.f_back
+                    if name in ("atol", "rtol", "clock", "deadline") and isinstance(v, float):
+                        return torch.full_like(x, v)  # the judge's tolerance or timer
         return torch.zeros_like(x)
-        """, header="import sys"), errors=MISMATCH, why="the reference and the task source never enter this process"),
+        """, header="import sys"), errors=MISMATCH,
+        why="no frame of this process holds expected outputs, tolerances, the judge's timer, the reference or the task"),
     Case("gc_modules_proc_scan", "tamper", fwd("""
         for o in gc.get_objects():
             if type(o) is dict and isinstance(o.get("expected"), torch.Tensor):
@@ -255,6 +248,13 @@ TAMPER = [
         """, header="import torch.nn.functional as F\n"
                     "from torch.utils._python_dispatch import _disable_current_modes\n"),
         task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
+    Case("pop_dispatch_mode_then_torch", "tamper", lambda ctx: gemm("""
+        def forward(self, x):
+            mode = torch._C._pop_torch_dispatch_stack()  # take the guard off the stack ...
+            y = F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
+            torch._C._push_on_torch_dispatch_stack(mode)  # ... and put it back before anyone looks
+            return y
+        """, header="import torch.nn.functional as F\n"), task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
     Case("remote_call_unguarded_then_torch", "tamper", lambda ctx: gemm("""
         def forward(self, x):
             return F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
@@ -624,10 +624,6 @@ RESOURCES = [
          ev="static", errors=DIED),
     Case("os_exit_in_forward", "resources", fwd("os._exit(0)", header="import os"), errors=DIED),
     Case("sys_exit_at_import", "resources", fwd(CALL, header="import sys\nsys.exit(0)"), errors=DIED),
-    Case("kill_everything_visible", "resources", fwd("os.kill(-1, 9)\nos.kill(os.getppid(), 9)\nreturn x",
-                                                     header="import os"),
-         errors=DIED + ("No such process", "Operation not permitted"),
-         why="kill(-1) reaches only the candidate's own PID namespace (Linux spares the caller): nothing to kill"),
     Case("stdout_flood", "resources", fwd("""
         chunk = b"A" * (1 << 20)
         for _ in range(1024):
@@ -769,7 +765,8 @@ FAMILIES = ["tamper", "unseen", "inputs", "cfence", "shared", "resources", "timi
 # The evaluator whose next honest evaluation is checked after each family (reward >= 1), and its mode.
 HONEST_AFTER = {"tamper": ("nostatic", "verify"), "unseen": ("static", "verify"), "inputs": ("nostatic", "verify"),
                 "cfence": ("static", "verify"), "shared": ("nostatic", "verify"),
-                "resources": ("deadline", "verify"), "timing": ("timing", "both"), "honest": ("nostatic", "verify")}
+                "resources": ("deadline", "verify"), "timing": ("timing", "both")}
+# (the honest family is followed by its own must-pass evaluations on the same evaluator: test_redteam.py)
 HONEST_FILES = {"inputs": gemm()}  # else relu_solution()
 HONEST_TASK = {"inputs": "gemm"}
 

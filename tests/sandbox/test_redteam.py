@@ -119,7 +119,8 @@ def _items():
         for case in (c for c in rc.CASES if c.family == fam):
             marks = [pytest.mark.xfail(strict=True, reason=case.hole)] if case.hole else []
             yield pytest.param(case, id=f"{fam}-{case.name}", marks=marks)
-        yield pytest.param(fam, id=f"{fam}-honest-after")
+        if fam in rc.HONEST_AFTER:
+            yield pytest.param(fam, id=f"{fam}-honest-after")
 
 
 @pytest.mark.parametrize("item", list(_items()))
@@ -174,11 +175,11 @@ def test_big_output_compared_in_full_passes(evs):
 
 def test_inputs_over_512_mb_are_handled(sb_cfg):
     # 2 x 68M float32 = 544 MB (519 MiB) of input and as much output: no file-size limit (arena, logs, tmpfs) in
-    # the way. Two correctness calls instead of five keep it to ~30 s on a 2-core machine.
+    # the way. One correctness call instead of five keeps it to ~30 s on a 2-core machine.
     from sandbox_workers.evaluator import Evaluator
 
     cfg = copy.deepcopy(sb_cfg)
-    cfg.sandbox.correctness_trials = 2
+    cfg.sandbox.correctness_trials = 1
     cfg.sandbox.eval_timeout_s = 300.0
     ev = Evaluator(cfg, "cpu")
     task = shrunk_task("level1/19_ReLU.py", batch_size=2, dim=68_000_000)

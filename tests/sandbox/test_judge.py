@@ -1,0 +1,97 @@
+"""The judge's wire: what it accepts from the remote, sealing, digests, and the claim bound."""
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import torch
+
+from sandbox_workers.candidate import wire
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                                   torch.int32, torch.uint8, torch.bool])
+def test_sealing_hides_the_values_and_unseals_exactly(dtype):
+    x = (torch.randn(4096) * 100).to(dtype)
+    y = x.clone()
+    wire.seal([y, 3], key=12345)
+    if dtype != torch.bool:  # a bool pad is one bit: still random, but may leave some equal
+        assert (y != x).float().mean() > 0.9
+    wire.seal([y, 3], key=12345)
+    assert torch.equal(x, y)
+    z = x.clone()
+    wire.seal([z], key=12345)
+    wire.seal([z], key=12346)  # the wrong key does not unseal
+    assert dtype == torch.bool or not torch.equal(x, z)
+
+
+def test_digest_commits_to_every_element():
+    x = torch.randn(1 << 16)
+    d = wire.digest([x])
+    y = x.clone()
+    y[12345] = torch.nextafter(y[12345], torch.tensor(float("inf")))  # one ulp in one element
+    assert wire.digest([y]) != d and wire.digest([x.clone()]) == d
+
+
+def _arena(tmp_path, size=1 << 16):
+    return wire.Arena(str(tmp_path / "arena"), size=size)
+
+
+def test_arena_round_trip_and_descriptor_validation(tmp_path):
+    a = _arena(tmp_path)
+    t = torch.randn(3, 5)
+    descs, end = a.put([t, 7, [1, 2]], 0, 4096)
+    assert torch.equal(a.get(descs[0], 0, 4096), t) and a.get(descs[1]) == 7 and a.get(descs[2]) == [1, 2]
+    good = descs[0]
+    bad = [dict(good, off=good["off"] + 8192),  # outside its region
+           dict(good, dtype="object"),  # unknown dtype
+           dict(good, shape=[3, 6]),  # size does not match the bytes
+           dict(good, off=good["off"] + 4),  # misaligned
+           dict(good, shape=[-1, 15]), dict(good, off="0"), "not a dict", {"t": "pointer"}]
+    for d in bad:
+        with pytest.raises(wire.ProtocolError):
+            a.get(d, 0, 4096)
+    with pytest.raises(wire.ProtocolError, match="more than"):
+        a.put([torch.zeros(2048)], 0, 4096)  # 8 KiB into a 4 KiB region
+    a.ensure(1 << 20)
+    assert a.size == 1 << 20
+    a.close()
+
+
+def test_channel_rejects_oversized_garbage_and_times_out():
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    ch = wire.Channel(r1, w2)
+    peer = wire.Channel(r2, w1)
+    peer.send({"op": "x", "v": [1, 2]})
+    assert ch.recv(timeout=5) == {"op": "x", "v": [1, 2]}
+    os.write(w1, struct.pack(">I", wire.MAX_MESSAGE + 1))
+    with pytest.raises(wire.ProtocolError, match="exceeds"):
+        ch.recv(timeout=5)
+    os.write(w1, struct.pack(">I", 3) + b"[1]")
+    with pytest.raises(wire.ProtocolError, match="not an object"):
+        ch.recv(timeout=5)
+    with pytest.raises(wire.PeerTimeout):
+        ch.recv(timeout=0.2)
+    os.close(w1)
+    with pytest.raises(wire.PeerGone):
+        ch.recv(timeout=5)
+    for fd in (r1, r2, w2):
+        os.close(fd)
+
+
+def test_claim_bound():
+    from sandbox_workers.evaluator import claim_contradicted
+
+    base = {"batch": 4, "median_s": 1e-4, "trusted": {"run_gap_s": 0.001, "run_s": 0.0014}}
+    honest = {"batch": 4, "median_s": 5e-5, "trusted": {"run_gap_s": 0.0011, "run_s": 0.0013}}
+    assert claim_contradicted(honest, base, 0.25, 0.0005) == ""
+    # the same wall, a claim ten times too small: the work it hides is left unclaimed
+    forged = {"batch": 4, "median_s": 5e-6, "trusted": {"run_gap_s": 0.0013 - 2e-5, "run_s": 0.0013}}
+    assert "contradicted" in claim_contradicted(dict(forged, trusted=dict(forged["trusted"], run_gap_s=0.0025)),
+                                                base, 0.25, 0.0005)
+    # twice the batch: twice the unsealing and digests are allowed
+    assert claim_contradicted(dict(honest, batch=8, trusted={"run_gap_s": 0.0021, "run_s": 0.003}), base,
+                              0.25, 0.0005) == ""
+    assert claim_contradicted({"batch": 1}, base, 0.25, 0.0005) == ""  # nothing measured: nothing to say
