@@ -40,6 +40,7 @@ class Evaluator:
         self.ref_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.ref_root, 0o700)  # trusted state: no sandbox user may read or write it
         self._lock = threading.Lock()
+        self._ready: dict[str, Session] = {}  # role -> a started session waiting for its job
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
@@ -83,8 +84,18 @@ class Evaluator:
                  out["speedup_vs_compile"], out["duration_s"])
         return out
 
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the sandboxes die with this process anyway
+            pass
+
     def close(self) -> None:
-        """Nothing is kept between evaluations (every job starts from clean processes)."""
+        """Stop the pre-started sessions (each job still gets fresh processes of its own)."""
+        with self._lock:
+            for sess in self._ready.values():
+                sess.close()
+            self._ready.clear()
 
     # ------------------------------------------------------------------ artifact
     def _artifact(self, files, artifact: bytes, artifact_key: str):
@@ -118,8 +129,22 @@ class Evaluator:
                 "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0}
         return spec
 
+    def _take(self, role: str) -> Session:
+        """A started session: the pre-started one when it is still alive; then the next one is started."""
+        with self._lock:
+            sess = self._ready.pop(role, None)
+            if sess is not None and not sess.alive():
+                sess.close()
+                sess = None
+            if sess is None:
+                sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
+            if role == "candidate" and self.sb.warm_sessions:
+                self._ready[role] = Session(self.cfg, self.backend, role,
+                                            inductor_cache=self._inductor_cache()).start()
+            return sess
+
     def _session(self, role: str, spec: dict, library: Path | None = None):
-        sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache())
+        sess = self._take(role)
         try:
             if library is not None:
                 lib_inside = sess.add_library(library)

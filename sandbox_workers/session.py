@@ -52,6 +52,8 @@ class Session:
         self.cfg, self.sb, self.backend, self.role = cfg, cfg.sandbox, backend, role
         self.inductor_cache = inductor_cache
         self.isolated = getattr(self.sb, "isolation", "none") != "none"
+        self.procs: list[subprocess.Popen] = []  # [remote, judge] once started
+        self._logs: list = []
         self.dir = Path(tempfile.mkdtemp(prefix="krl-job-", dir=_job_root()))
         for sub in ("judge", "remote"):
             (self.dir / sub).mkdir()
@@ -77,49 +79,59 @@ class Session:
         return self.path(INFRA, "/krl/infra")
 
     # ------------------------------------------------------------------ processes
-    def run(self, spec: dict, wall_s: float) -> SessionResult:
+    def start(self) -> "Session":
+        """Spawn both processes now (they import torch, then wait: the judge for its spec, the remote for
+        the judge). A pre-started session hides that start-up behind the previous evaluation."""
         j_r, r_w = os.pipe()  # remote -> judge
         r_r, j_w = os.pipe()  # judge -> remote
-        judge_log = open(self.dir / "judge.log", "w+b")
-        remote_log = open(self.dir / "remote.log", "w+b")
-        spec = dict(spec, result_path=self.path(self.dir / "judge" / "result.json", "/job/judge/result.json"))
-        procs = []
+        self._logs = [open(self.dir / "remote.log", "w+b"), open(self.dir / "judge.log", "w+b")]
         try:
-            remote = self._spawn_remote(r_r, r_w, remote_log)
-            procs.append(remote)
-            judge = self._spawn_judge(j_r, j_w, judge_log)
-            procs.append(judge)
+            self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0]))
+            self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1]))
+        finally:
             for fd in (j_r, r_w, r_r, j_w):
                 os.close(fd)
-            timed_out = False
+        return self
+
+    def alive(self) -> bool:
+        return len(self.procs) == 2 and all(p.poll() is None for p in self.procs)
+
+    def run(self, spec: dict, wall_s: float) -> SessionResult:
+        if not self.procs:
+            self.start()
+        remote, judge = self.procs
+        spec = dict(spec, result_path=self.path(self.dir / "judge" / "result.json", "/job/judge/result.json"))
+        timed_out = False
+        try:
             try:
                 judge.communicate(json.dumps(spec).encode(), timeout=wall_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
+            except BrokenPipeError:
+                log.warning("the judge exited before reading its spec")
             try:
                 remote.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
         finally:
-            for p in procs:
-                kill_tree(p)
-            for fd in (j_r, r_w, r_r, j_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            self.kill()
         res = SessionResult(judge=_read_json(self.dir / "judge" / "result.json"), timed_out=timed_out)
-        rc = procs[0].returncode if procs else None
-        res.remote_rc = rc
-        res.remote_signal = signal_name(rc)
+        res.remote_rc = remote.returncode
+        res.remote_signal = signal_name(remote.returncode)
         limit = self.sb.max_output_chars
         res.remote_log = isolation.read_capped_path(str(self.dir / "remote.log"), limit)
         res.judge_log = isolation.read_capped_path(str(self.dir / "judge.log"), limit)
-        judge_log.close()
-        remote_log.close()
         return res
 
+    def kill(self) -> None:
+        for p in self.procs:
+            kill_tree(p)
+        for f in self._logs:
+            f.close()
+        self._logs = []
+
     def close(self) -> None:
+        self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _env(self, extra: dict) -> dict:

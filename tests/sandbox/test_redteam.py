@@ -46,8 +46,11 @@ def evs(evaluator, sb_cfg):
 
     out = {"static": evaluator,
            "nostatic": make(static_guards=False),
-           # cached baselines are reused even when noisy (this machine is shared): one eager measurement
-           "timing": make(static_guards=False, compile_baseline=False, baseline_max_cv=0.0),
+           # cached baselines are reused even when noisy (this machine is shared): one eager measurement; the
+           # time claims enforced on the CPU backend too (its default records them without rejecting)
+           "timing": make(static_guards=False, compile_baseline=False, baseline_max_cv=0.0,
+                          enforce_timing_claims="all"),
+           "timing_default": make(static_guards=False, compile_baseline=False, baseline_max_cv=0.0),
            "deadline": make(static_guards=False, eval_timeout_s=6.0)}
     yield out
     for k, ev in out.items():
