@@ -136,11 +136,14 @@ class SandboxConfig:
     timed_check_fraction: float = 1.0  # share of timed calls whose outputs the judge checks (secret choice)
     # A time claim is rejected when the judge's clock leaves more of the "run" round trip unclaimed than the
     # reference's run of the same protocol did, by more than this share plus timing_claim_abs_s (docs/sandbox.md).
-    # Where the bound rejects: "cuda" (default: a loaded 2-core CPU host's pipe round trips vary by tens of
-    # ms, so the CPU backend records the numbers without rejecting), "all", or "none".
-    enforce_timing_claims: str = "cuda"
+    # Where the bound rejects: "all" (default), "cuda", or "none". On the CPU backend the unsealing (torch's
+    # CPU RNG) and a loaded host make the overhead vary by tens of ms, so only gross contradictions are
+    # rejected there (the *_cpu tolerances); docs/sandbox.md says what that leaves open.
+    enforce_timing_claims: str = "all"
     timing_claim_slack: float = 0.25
     timing_claim_abs_s: float = 0.0005
+    timing_claim_slack_cpu: float = 2.0
+    timing_claim_abs_cpu_s: float = 0.02
     max_batch_bytes: int = 256 * 1024 * 1024  # inputs + outputs of one batched trial of a short call
     sandbox_tmp_mb: int = 256  # private /tmp of each sandboxed process
     warm_sessions: bool = True  # start the next judge + candidate pair while this one works (one job each)

@@ -158,8 +158,10 @@ class Evaluator:
         where = getattr(self.sb, "enforce_timing_claims", "cuda")
         if where == "none" or (where == "cuda" and self.backend != "cuda"):
             return ""
-        return claim_contradicted(cand.get("timing") or {}, base.get("eager", {}), self.sb.timing_claim_slack,
-                                  self.sb.timing_claim_abs_s)
+        cpu = self.backend == "cpu"
+        return claim_contradicted(cand.get("timing") or {}, base.get("eager", {}),
+                                  self.sb.timing_claim_slack_cpu if cpu else self.sb.timing_claim_slack,
+                                  self.sb.timing_claim_abs_cpu_s if cpu else self.sb.timing_claim_abs_s)
 
     def _inductor_cache(self) -> Path:
         """torch.compile's cache for the baseline runs (trusted code): writable by the sandbox user, bound

@@ -170,7 +170,8 @@ REDTEAM: list[Case] = [
     _cfence("host_callback_pasted", "forbidden_symbol", _host(
         _PASTE + "static void cb(void*) {}", "  KCAT(cudaLaunch, HostFunc)(stream, cb, nullptr);")),
     _cfence("fopen_pasted_in_host_code", "forbidden_symbol", _host(
-        _PASTE, '  auto f = KCAT(fo, pen)("/job/leak", "w"); (void)f;', includes="#define KHDR <stdio.h>\n#include KHDR")),
+        _PASTE, '  auto f = KCAT(fo, pen)("/job/leak", "w"); (void)f;',
+        includes="#define KHDR <stdio.h>\n#include KHDR")),
     _cfence("inline_asm_syscall_in_host_code", "raw_syscall", _host(
         "#define KASM __as ## m__\n",
         '  long r; KASM volatile("syscall" : "=a"(r) : "a"(39L) : "rcx", "r11", "memory"); (void)r;')),

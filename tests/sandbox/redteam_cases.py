@@ -21,7 +21,7 @@ garbage instead. The GEMM task (random weights) gives outputs that no shortcut r
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -115,7 +115,7 @@ class Ctx:
 
     def baseline_file(self) -> str:
         found = sorted(self.ref_root.glob("*/baselines.json"))
-        return str(found[0] if found else self.ref_root / "0" * 32 / "baselines.json")
+        return str(found[0] if found else self.ref_root / ("0" * 32) / "baselines.json")
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Case:
     name: str
     family: str
     files: Callable[[Ctx], dict[str, str]] | dict[str, str]
-    ev: str = "nostatic"  # static | nostatic | timing | deadline
+    ev: str = "nostatic"  # static | nostatic | timing | timing_default | deadline (cuda_*: test_gpu_cuda.py)
     mode: str = "verify"
     task: str = "relu"
     violations: tuple[str, ...] = ()  # any one of these in res["violations"] ...
@@ -200,7 +200,7 @@ TAMPER = [
                         return torch.full_like(x, v)  # the judge's tolerance or timer
         return torch.zeros_like(x)
         """, header="import sys"), errors=MISMATCH,
-        why="no frame of this process holds expected outputs, tolerances, the judge's timer, the reference or the task"),
+        why="no frame here holds expected outputs, tolerances, the judge's timer, the reference or the task"),
     Case("gc_modules_proc_scan", "tamper", fwd("""
         for o in gc.get_objects():
             if type(o) is dict and isinstance(o.get("expected"), torch.Tensor):
@@ -456,7 +456,7 @@ INPUTS = [
         """), ev="static", violations=("mutable_global_state",), compiled=False, text_evades=True),
 ]
 
-# ================================================================ 4. the C++ fence is text: the binary policy is the wall
+# ========================================================= 4. C++ text rules evaded: the binary policy is the wall
 # Static guards ON (the text rules and the binary policy share that switch; see test_redteam.py): each source
 # is first shown to pass the text rules (text_evades), so what refuses it is the policy on the built library.
 _PASTE = "#define KCAT(a, b) a##b\n"
@@ -636,25 +636,27 @@ RESOURCES = [
 ]
 
 # ================================================================ 7. timing forgery
-_SCALE_CLOCK = """
+_CLOCK = """
 import time
 _pc = time.perf_counter
 _t0 = _pc()
-time.perf_counter = lambda: _t0 + (_pc() - _t0) * 0.01
+time.perf_counter = lambda: _t0 + (_pc() - _t0) * {scale}
 """
+_SCALE_CLOCK = _CLOCK.format(scale=0.01)
+_SCALE_CLOCK_SHORT = _CLOCK.format(scale=0.05)  # ~5 us claimed: "beats" eager, in batches of ~400 calls
 TIMING = [
     Case("perf_counter_scaled", "timing", fwd(CALL, cpp_body=VERY_SLOW, header=_SCALE_CLOCK),
          ev="timing", mode="both", violations=(CONTRADICTED,)),
-    Case("perf_counter_scaled_short_kernel", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK),
+    Case("perf_counter_scaled_short_kernel", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_SHORT),
          ev="timing", mode="both", violations=(CONTRADICTED,),
-         hole="a kernel of ~0.1 ms per call (3-6x slower than eager) claiming 1/100 of its time, with the claims "
-              "enforced (enforce_timing_claims='all'): the judge sizes the batch from the forged claims (~1000 calls "
+         hole="a kernel of ~0.1 ms per call (3-6x slower than eager) claiming 1/20 of its time, with the claims "
+              "enforced (enforce_timing_claims='all'): the judge sizes the batch from the forged claims (~400 calls "
               "per trial) and the allowance scales the reference's unclaimed run time by the batch (ref run_gap / bb "
               "* bc * 1.25): ~0.3-0.4 ms allowed per call, more than the ~0.1 ms hidden per call: reward 2"),
-    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK),
+    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_SHORT),
          ev="timing_default", mode="both", violations=(CONTRADICTED,),
          hole="the CPU backend does not enforce time claims by default (sandbox.enforce_timing_claims = 'cuda'): "
-              "a clock scaled by 1/100 in the candidate's process turns a kernel 3-6x slower than eager into "
+              "a clock scaled by 1/20 in the candidate's process turns a kernel 3-6x slower than eager into "
               "reward 2"),
     Case("work_in_stage_phase", "timing", fwd("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
                                               cpp_body=VERY_SLOW, init="self.pre = []", header="""
@@ -720,9 +722,9 @@ TIMING = [
                 _S["d"] = r["digests"][0][0] - 10 ** 10  # below any real sum: reached by lowering small outputs
                 return r
             for vals, key in zip(self.sets, msg["keys"]):
-                _W.seal(vals, int(key))  # unseal, as the real run does, and claim 2 us per call
+                _W.seal(vals, int(key))  # unseal, as the real run does, and claim 8 us per call
             self.later = True
-            return {"ok": True, "claim_s": 2e-6, "digests": [[_S["d"]] for _ in self.sets]}
+            return {"ok": True, "claim_s": 8e-6, "digests": [[_S["d"]] for _ in self.sets]}
 
         def _late_fetch(self, msg):
             if getattr(self, "later", False):
@@ -738,7 +740,7 @@ TIMING = [
         """), ev="timing", mode="both", violations=("output_commitment", CONTRADICTED), errors=MISMATCH,
         hole="the output digest is a plain int sum: work done in the untimed fetch phase can be nudged inside the "
              "tolerance to match a digest committed (guessed) at the end of run, and the claim check bounds only the "
-             "run round trip: 2 us claimed per call, reward 2"),
+             "run round trip (and on the CPU backend is not enforced by default): 8 us claimed per call, reward 2"),
     Case("skip_work_on_timed_calls", "timing", fwd("""
         self.calls += 1
         if self.calls > 6:
