@@ -41,6 +41,20 @@ class Remote:
         self.outs: list[list] = []
         self.lead_cycles = 0
         self.guard_rec = policy.Recorder()
+        self.locked = False
+        self.seccomp = True
+
+    def lock_down(self) -> None:
+        """On the first job: start CUDA (only now: a pre-started process must not touch the GPU while another
+        job is being timed), then seccomp before any model code; the driver needs its sockets at init."""
+        if self.device == "cuda":
+            torch.cuda.init()
+            torch.empty(1, device="cuda")
+        if self.role == "candidate" and self.seccomp:
+            from sandbox_workers.candidate import seccomp
+
+            seccomp.install(allow_exec=False)
+        self.locked = True
 
     # ------------------------------------------------------------------ messages
     def serve(self) -> None:
@@ -65,6 +79,8 @@ class Remote:
     def load(self, msg: dict) -> dict:
         self.arena.remap()
         self.device = msg.get("device", "cpu")
+        if not self.locked:
+            self.lock_down()
         self.lead_cycles = int(msg.get("lead_cycles", 0))
         if msg.get("threads"):
             torch.set_num_threads(int(msg["threads"]))
@@ -186,14 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-seccomp", action="store_true", help="isolation=none only: trusted code")
     args = ap.parse_args(argv)
-    if args.device == "cuda":
-        torch.cuda.init()  # before the lock-down: the driver starts its threads and opens its devices now
-        torch.empty(1, device="cuda")
-    if args.role == "candidate" and not args.no_seccomp:
-        from sandbox_workers.candidate import seccomp
-
-        seccomp.install(allow_exec=False)
     remote = Remote(args.role, wire.Channel(args.rfd, args.wfd), wire.Arena(args.arena))
+    remote.seccomp = not args.no_seccomp
     try:
         remote.serve()
     except wire.PeerGone:

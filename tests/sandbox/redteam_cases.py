@@ -10,8 +10,8 @@ Evaluators (fixtures of test_redteam.py):
   static    the conftest evaluator: static guards (text rules + the binary policy) on
   nostatic  static_guards = False: no text rules and no binary policy; the structure alone
   timing    nostatic, no torch.compile baseline, cached baselines reused, time claims enforced on the CPU
-            backend too (sandbox.enforce_timing_claims = "all"; its default, "cuda", only records them there)
-  timing_default  the same with the default enforcement (the CPU backend's hole, see its case)
+            backend too (sandbox.enforce_timing_claims = "all", whatever the shipped default)
+  timing_default  the same with the shipped claim settings (enforcement, CPU slack): see its case
   deadline  nostatic with a short evaluation deadline (hangs)
 
 Note: the ReLU task draws torch.rand inputs (all >= 0), so ReLU is the identity on them and
@@ -36,10 +36,9 @@ TASKS = {
 
 # ---------------------------------------------------------------- kernels
 SERIAL = "for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;"
-# Correct but slow on purpose (volatile loads defeat vectorisation): about 0.1 ms / 10 ms per call at
-# the tiny ReLU shape (8 x 4096) on a 2-core CI machine; eager torch.relu takes ~15-30 us there.
-SHORT = ("for (int r = 0; r < 2; ++r) for (int64_t i = 0; i < n; ++i) "
-         "{ volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }")
+# Correct but slow on purpose (volatile loads defeat vectorisation): about 0.05-0.1 ms / 10 ms per call
+# at the tiny ReLU shape (8 x 4096) on a 2-core CI machine; eager torch.relu takes ~15-30 us there.
+SHORT = "for (int64_t i = 0; i < n; ++i) { volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }"
 VERY_SLOW = ("for (int r = 0; r < 400; ++r) for (int64_t i = 0; i < n; ++i) "
              "{ volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }")
 
@@ -643,21 +642,24 @@ _t0 = _pc()
 time.perf_counter = lambda: _t0 + (_pc() - _t0) * {scale}
 """
 _SCALE_CLOCK = _CLOCK.format(scale=0.01)
-_SCALE_CLOCK_SHORT = _CLOCK.format(scale=0.05)  # ~5 us claimed: "beats" eager, in batches of ~400 calls
+_SCALE_CLOCK_20 = _CLOCK.format(scale=0.05)
+_SCALE_CLOCK_50 = _CLOCK.format(scale=0.02)
 TIMING = [
     Case("perf_counter_scaled", "timing", fwd(CALL, cpp_body=VERY_SLOW, header=_SCALE_CLOCK),
          ev="timing", mode="both", violations=(CONTRADICTED,)),
-    Case("perf_counter_scaled_short_kernel", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_SHORT),
+    Case("perf_counter_scaled_short_kernel", "timing", fwd(CALL, cpp_body=SERIAL, header=_SCALE_CLOCK_20),
          ev="timing", mode="both", violations=(CONTRADICTED,),
-         hole="a kernel of ~0.1 ms per call (3-6x slower than eager) claiming 1/20 of its time, with the claims "
-              "enforced (enforce_timing_claims='all'): the judge sizes the batch from the forged claims (~400 calls "
-              "per trial) and the allowance scales the reference's unclaimed run time by the batch (ref run_gap / bb "
-              "* bc * 1.25): ~0.3-0.4 ms allowed per call, more than the ~0.1 ms hidden per call: reward 2"),
-    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_SHORT),
+         hole="with the claims enforced, a kernel that is short in absolute terms (a serial loop, ~10-50 us per call) "
+              "claims 1/20 of its time and is not caught: the judge sizes the batch from the forged claims (hundreds "
+              "of calls per trial) and the allowance scales the reference's unclaimed run time by that batch (ref "
+              "run_gap / bb * bc * (1 + slack) + abs): the reference's per-call overhead (mostly unsealing its "
+              "inputs) times the slack exceeds what a short kernel hides per call, so it can claim any time: "
+              "reward 2 (3 when the compile baseline is beaten on paper too)"),
+    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_50),
          ev="timing_default", mode="both", violations=(CONTRADICTED,),
-         hole="the CPU backend does not enforce time claims by default (sandbox.enforce_timing_claims = 'cuda'): "
-              "a clock scaled by 1/20 in the candidate's process turns a kernel 3-6x slower than eager into "
-              "reward 2"),
+         hole="with the CPU backend's shipped claim settings (enforce_timing_claims, timing_claim_slack_cpu, "
+              "timing_claim_abs_cpu_s) a clock scaled by 1/50 in the candidate's process turns a kernel 2-10x slower "
+              "than eager into reward 2"),
     Case("work_in_stage_phase", "timing", fwd("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
                                               cpp_body=VERY_SLOW, init="self.pre = []", header="""
         import sys
