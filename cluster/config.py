@@ -136,10 +136,11 @@ class SandboxConfig:
     timed_check_fraction: float = 1.0  # share of timed calls whose outputs the judge checks (secret choice)
     # A time claim is rejected when the judge's clock leaves more of the "run" round trip unclaimed than the
     # reference's run of the same protocol did, by more than this share plus timing_claim_abs_s (docs/sandbox.md).
-    # Where the bound rejects: "all" (default), "cuda", or "none". On the CPU backend the unsealing (torch's
-    # CPU RNG) and a loaded host make the overhead vary by tens of ms, so only gross contradictions are
-    # rejected there (the *_cpu tolerances); docs/sandbox.md says what that leaves open.
-    enforce_timing_claims: str = "all"
+    # Where the bound rejects: "cuda" (default), "all", or "none". On the CPU backend the unsealing (torch's
+    # CPU RNG) and a loaded host make the overhead vary by tens of ms: there the time the reward uses is the
+    # larger of the claim and the judge's own estimate (a forged claim gains nothing), and only "all"
+    # rejects, with the *_cpu tolerances (docs/sandbox.md).
+    enforce_timing_claims: str = "cuda"
     timing_claim_slack: float = 0.25
     timing_claim_abs_s: float = 0.0005
     timing_claim_slack_cpu: float = 2.0

@@ -776,7 +776,7 @@ FAMILIES = ["tamper", "unseen", "inputs", "cfence", "shared", "resources", "timi
 # The evaluator whose next honest evaluation is checked after each family (reward >= 1), and its mode.
 HONEST_AFTER = {"tamper": ("nostatic", "verify"), "unseen": ("static", "verify"), "inputs": ("nostatic", "verify"),
                 "cfence": ("static", "verify"), "shared": ("nostatic", "verify"),
-                "resources": ("deadline", "verify"), "timing": ("timing", "both")}
+                "resources": ("nostatic", "verify"), "timing": ("timing", "both")}
 # (the honest family is followed by its own must-pass evaluations on the same evaluator: test_redteam.py)
 HONEST_FILES = {"inputs": gemm()}  # else relu_solution()
 HONEST_TASK = {"inputs": "gemm"}

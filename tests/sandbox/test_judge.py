@@ -95,3 +95,13 @@ def test_claim_bound():
     assert claim_contradicted(dict(honest, batch=8, trusted={"run_gap_s": 0.0021, "run_s": 0.003}), base,
                               0.25, 0.0005) == ""
     assert claim_contradicted({"batch": 1}, base, 0.25, 0.0005) == ""  # nothing measured: nothing to say
+
+
+def test_judged_time_is_the_run_wall_less_the_reference_overhead():
+    from sandbox_workers.evaluator import judged_time
+
+    base = {"batch": 2, "trusted": {"run_gap_s": 0.002, "run_s": 0.004}}
+    # a claim of 1 us per call over a 12 ms run of 4 calls: the judge counts (12 - 2 * 2) / 4 = 2 ms
+    assert abs(judged_time({"batch": 4, "median_s": 1e-6, "trusted": {"run_s": 0.012}}, base) - 0.002) < 1e-12
+    assert judged_time({"batch": 1, "trusted": {"run_s": 0.001}}, base) == 0.0  # never negative
+    assert judged_time({"batch": 1}, base) == 0.0

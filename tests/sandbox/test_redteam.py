@@ -51,7 +51,7 @@ def evs(evaluator, sb_cfg):
            "timing": make(static_guards=False, compile_baseline=False, baseline_max_cv=0.0,
                           enforce_timing_claims="all"),
            "timing_default": make(static_guards=False, compile_baseline=False, baseline_max_cv=0.0),
-           "deadline": make(static_guards=False, eval_timeout_s=6.0)}
+           "deadline": make(static_guards=False, eval_timeout_s=10.0)}
     yield out
     for k, ev in out.items():
         if k != "static":
