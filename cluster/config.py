@@ -119,7 +119,7 @@ class SandboxConfig:
     cpu_threads: int = 0  # threads for candidate and baselines alike (0 = all cores)
     cpu_flush_mb: int = 0  # buffer written before each CPU trial (0 = 2x LLC, at most 512 MiB)
     cuda_flush_mb: int = 256  # buffer zeroed before each GPU trial (KernelBench: 256 MB)
-    cuda_lead_us: int = 200  # GPU spin queued after the flush so the host's launch path is off the clock (0 = off)
+    cuda_lead_us: int = 1000  # GPU spin queued before the start event so the host path (guard, checks) is off the clock
     max_trials: int = 200
     timing_budget_s: float = 3.0  # per variant, after the minimum of `trials`
     timing_rel_ci: float = 0.01  # stop sampling when the median's relative standard error is below this

@@ -27,7 +27,7 @@ from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = "judge-2"
+PROTOCOL_VERSION = "judge-3"
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
     def __init__(self, cfg, backend: str | None = None, device_key: str = ""):
@@ -263,10 +263,15 @@ class Evaluator:
             res["evidence"]["violation_details"].append({"name": TIMING_CLAIM, "detail": bad})
             return
         t, te, tc = stats.get("median_s"), eager.get("median_s"), comp.get("median_s")
-        if self.backend == "cpu" and t:
-            est = judged_time(stats, eager)
+        if t:
+            # a claim is never believed beyond what the judge's clock allows: on CPU its estimate itself, on
+            # CUDA (tight clocks) the estimate less the bound's tolerance, so honest claims stand as measured
+            cpu = self.backend == "cpu"
+            slack = 0.0 if cpu else self.sb.timing_claim_slack
+            abs_s = 0.0 if cpu else self.sb.timing_claim_abs_s
+            est = judged_time(stats, eager, slack, abs_s)
             res["evidence"]["judged_time_s"] = est
-            if est > t:  # the claim is not believed beyond what the judge's own clock allows
+            if est > t:
                 res["evidence"]["claimed_time_s"] = t
                 t = est
         res["timings"] = {"candidate": stats, "eager": eager, "compile": comp}
@@ -315,14 +320,15 @@ def noisy(baselines: dict, max_cv: float) -> bool:
                               if isinstance(s, dict) and "median_s" in s)
 
 
-def judged_time(cand: dict, base: dict) -> float:
+def judged_time(cand: dict, base: dict, slack: float = 0.0, abs_s: float = 0.0) -> float:
     """Seconds per call by the judge's clock: the "run" round trip less the protocol overhead the reference's
-    run of the same protocol had (0.0 when either was not measured)."""
+    run of the same protocol had (plus a tolerance), 0.0 when either was not measured."""
     tc, tb = cand.get("trusted") or {}, base.get("trusted") or {}
     if not tc or not tb:
         return 0.0
     bc, bb = max(1, cand.get("batch", 1)), max(1, base.get("batch", 1))
-    return max(0.0, (tc["run_s"] - tb["run_gap_s"] * max(1.0, bc / bb)) / bc)
+    overhead = tb["run_gap_s"] * max(1.0, bc / bb) * (1 + slack) + abs_s
+    return max(0.0, (tc["run_s"] - overhead) / bc)
 
 
 class ReferenceFailure(Exception):

@@ -169,6 +169,31 @@ class Judge:
         return {"b": b, "claim_s": float(claim), "stage_s": t1 - t0, "flush_s": t2 - t1, "run_s": t3 - t2,
                 "fetch_s": t4 - t3, "checks": results}
 
+    def batch_size(self, min_trial_s: float, out_bytes: int) -> int:
+        """Calls per trial, from the judge's own timing of the reference (never from a claim): a power of two
+        so that the candidate's and the baselines' sessions of one task agree."""
+        self.t_ref = self.time_reference()
+        if self.t_ref >= min_trial_s:
+            return 1
+        per_set = max(1, wire.nbytes_of(self.fresh_inputs()) + out_bytes)
+        cap = max(1, int(self.spec.get("max_batch_bytes", 256 << 20)) // per_set)
+        return max(1, min(1024, _pow2_floor(min_trial_s / max(self.t_ref, 1e-7)), _pow2_floor(cap)))
+
+    def time_reference(self, calls: int = 5) -> float:
+        """Median seconds of one reference call (caches flushed first), measured here."""
+        inputs = self.fresh_inputs()
+        times = []
+        with torch.no_grad():
+            self.model(*inputs)
+            for _ in range(calls):
+                self.runtime.flush()
+                self.runtime.sync()
+                t0 = self.clock()
+                self.model(*inputs)
+                self.runtime.sync()
+                times.append(self.clock() - t0)
+        return statistics.median(times)
+
     # ------------------------------------------------------------------ a whole variant
     def measure(self, checked: bool, timing: dict | None) -> dict:
         """Correctness trials, then (timing) warm-up and measured trials until the median is tight."""
@@ -198,12 +223,8 @@ class Judge:
         t_first = time.monotonic()
         warm = [run_trial(1, False) for _ in range(max(1, int(timing["warmup"])))]
         out["first_call_s"] = time.monotonic() - t_first
-        c = statistics.median(w["claim_s"] for w in warm)
-        b = 1
-        if c < timing["min_trial_s"]:
-            per_set = max(1, sum(wire.nbytes_of(self.fresh_inputs()) for _ in range(1)) + out_bytes)
-            b = max(1, min(1000, math.ceil(timing["min_trial_s"] / max(c, 1e-7)),
-                           int(self.spec.get("max_batch_bytes", 256 << 20)) // per_set))
+        b = self.batch_size(timing["min_trial_s"], out_bytes)
+        out["batch_from_reference_s"] = self.t_ref
         t_start = time.monotonic()
         while len(trials) < timing["max_trials"]:
             trials.append(run_trial(b, False))
@@ -216,6 +237,10 @@ class Judge:
         out["checks"] = len(checks)
         out["timing"] = summarize_trials(trials)
         return out
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(x, 1.0)))))
 
 
 def summarize_trials(trials: list[dict]) -> dict:

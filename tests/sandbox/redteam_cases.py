@@ -36,9 +36,11 @@ TASKS = {
 
 # ---------------------------------------------------------------- kernels
 SERIAL = "for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;"
-# Correct but slow on purpose (volatile loads defeat vectorisation): about 0.05-0.1 ms / 10 ms per call
-# at the tiny ReLU shape (8 x 4096) on a 2-core CI machine; eager torch.relu takes ~15-30 us there.
+# Correct but slow on purpose (volatile loads defeat vectorisation): about 0.05-0.1 ms / 1 ms / 10 ms per
+# call at the tiny ReLU shape (8 x 4096) on a 2-core CI machine; eager torch.relu takes ~15-100 us there.
 SHORT = "for (int64_t i = 0; i < n; ++i) { volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }"
+MEDIUM = ("for (int r = 0; r < 20; ++r) for (int64_t i = 0; i < n; ++i) "
+          "{ volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }")
 VERY_SLOW = ("for (int r = 0; r < 400; ++r) for (int64_t i = 0; i < n; ++i) "
              "{ volatile float v = x[i]; y[i] = v > 0.f ? v : 0.f; }")
 
@@ -642,24 +644,16 @@ _t0 = _pc()
 time.perf_counter = lambda: _t0 + (_pc() - _t0) * {scale}
 """
 _SCALE_CLOCK = _CLOCK.format(scale=0.01)
-_SCALE_CLOCK_20 = _CLOCK.format(scale=0.05)
-_SCALE_CLOCK_50 = _CLOCK.format(scale=0.02)
 TIMING = [
     Case("perf_counter_scaled", "timing", fwd(CALL, cpp_body=VERY_SLOW, header=_SCALE_CLOCK),
          ev="timing", mode="both", violations=(CONTRADICTED,)),
-    Case("perf_counter_scaled_short_kernel", "timing", fwd(CALL, cpp_body=SERIAL, header=_SCALE_CLOCK_20),
-         ev="timing", mode="both", violations=(CONTRADICTED,),
-         hole="with the claims enforced, a kernel that is short in absolute terms (a serial loop, ~10-50 us per call) "
-              "claims 1/20 of its time and is not caught: the judge sizes the batch from the forged claims (hundreds "
-              "of calls per trial) and the allowance scales the reference's unclaimed run time by that batch (ref "
-              "run_gap / bb * bc * (1 + slack) + abs): the reference's per-call overhead (mostly unsealing its "
-              "inputs) times the slack exceeds what a short kernel hides per call, so it can claim any time: "
-              "reward 2 (3 when the compile baseline is beaten on paper too)"),
-    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=SHORT, header=_SCALE_CLOCK_50),
-         ev="timing_default", mode="both", violations=(CONTRADICTED,),
-         hole="with the CPU backend's shipped claim settings (enforce_timing_claims, timing_claim_slack_cpu, "
-              "timing_claim_abs_cpu_s) a clock scaled by 1/50 in the candidate's process turns a kernel 2-10x slower "
-              "than eager into reward 2"),
+    Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=MEDIUM, header=_SCALE_CLOCK),
+         ev="timing_default", mode="both", reward_max=1.0,
+         why="a kernel ~1 ms per call (10-50x slower than eager) claims 1/100 of its time. With the shipped settings "
+             "the CPU backend rejects only gross contradictions and rewards the larger of the claim and the judge's "
+             "own estimate: the forged claim must gain nothing (reward 1, as honest). (Kernels shorter than the "
+             "reference's per-call protocol overhead, ~0.1 ms here, can still gain: the estimate is then ~0; see the "
+             "digest case for a deterministic route)"),
     Case("work_in_stage_phase", "timing", fwd("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
                                               cpp_body=VERY_SLOW, init="self.pre = []", header="""
         import sys
@@ -739,10 +733,11 @@ TIMING = [
             return _fetch(self, msg)
 
         _R.run, _R.fetch = _fast_run, _late_fetch
-        """), ev="timing", mode="both", violations=("output_commitment", CONTRADICTED), errors=MISMATCH,
-        hole="the output digest is a plain int sum: work done in the untimed fetch phase can be nudged inside the "
-             "tolerance to match a digest committed (guessed) at the end of run, and the claim check bounds only the "
-             "run round trip (and on the CPU backend is not enforced by default): 8 us claimed per call, reward 2"),
+        """, cpp_body=SHORT), ev="timing", mode="both", violations=("output_commitment", CONTRADICTED), errors=MISMATCH,
+        hole="the output digest is a plain int sum: the work is done in the untimed fetch phase and the smallest "
+             "outputs are nudged inside the tolerance to match a digest committed (guessed) when run ended; the "
+             "claim bound and the CPU backend's own time estimate both see only the run round trip: a kernel 2-10x "
+             "slower than eager claims 8 us per call, reward 2"),
     Case("skip_work_on_timed_calls", "timing", fwd("""
         self.calls += 1
         if self.calls > 6:
