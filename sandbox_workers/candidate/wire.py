@@ -187,7 +187,7 @@ class Arena:
 # ---------------------------------------------------------------------- sealing
 # Inputs reach the remote sealed: every tensor's bits XORed with a pad drawn from a key the judge
 # sends only with "run". Nothing can be computed from them before the clock starts. Outputs are
-# committed by a digest in the "run" reply, so nothing can be computed after it stops either.
+# committed by a hash in the "run" reply, so nothing can be computed after it stops either.
 _BITS = {1: (torch.uint8, 256), 2: (torch.int16, 1 << 15), 4: (torch.int32, 1 << 31), 8: (torch.int64, 1 << 62)}
 
 
@@ -209,16 +209,21 @@ def seal(values: list, key: int) -> None:
             view.bitwise_xor_(pad)
 
 
-def digest(values: list) -> list[int]:
-    """Per output, the wrapping int64 sum of its bits: cheap, and impossible without the outputs."""
+def digest(values: list) -> list[str]:
+    """Per output, a BLAKE2b hash of its bytes: a commitment no tweak of the values within tolerance can match."""
+    import ctypes
+    import hashlib
+
     out = []
     for v in values:
-        if not isinstance(v, torch.Tensor) or not v.numel() or v.is_complex():
-            out.append(0)
+        if not isinstance(v, torch.Tensor) or not v.numel():
+            out.append("")
             continue
         t = v.detach().contiguous()
-        view = t.view(torch.uint8) if t.dtype == torch.bool else t.view(_BITS[t.element_size()][0])
-        out.append(int(view.sum(dtype=torch.int64)))  # one read pass; integer sums wrap the same in any order
+        if t.device.type != "cpu":
+            t = t.cpu()
+        buf = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        out.append(hashlib.blake2b(memoryview(buf), digest_size=16).hexdigest())
     return out
 
 

@@ -1,5 +1,7 @@
 """kernelrl fixed binding infrastructure (NOT editable by the agent): calls the built kernels.
 
+Its imports have private names (`krl._torch`, `krl._ctypes`): ModelNew reaches only `ops()` and `device()`.
+
 The evaluator builds ``kernels/`` into one shared library and binds it here
 before ``model_new.py`` is imported. ``ops()`` returns an object with one
 method per ``KRL_OP`` of the sources; each checks its tensor arguments
@@ -8,28 +10,28 @@ microseconds and no torch C++ headers are ever compiled.
 """
 from __future__ import annotations
 
-import ctypes
+import ctypes as _ctypes
 
-import torch
+import torch as _torch
 
 _DTYPES = {
-    "f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
-    "i8": torch.int8, "u8": torch.uint8, "i16": torch.int16, "i32": torch.int32,
-    "i64": torch.int64, "bool": torch.bool,
+    "f32": _torch.float32, "f64": _torch.float64, "f16": _torch.float16, "bf16": _torch.bfloat16,
+    "i8": _torch.int8, "u8": _torch.uint8, "i16": _torch.int16, "i32": _torch.int32,
+    "i64": _torch.int64, "bool": _torch.bool,
 }
-_SCALARS = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+_SCALARS = {"i32": _ctypes.c_int32, "i64": _ctypes.c_int64, "f32": _ctypes.c_float, "f64": _ctypes.c_double}
 
 
 class KrlError(RuntimeError):
     """A kernel call with the wrong arguments, or no kernels bound."""
 
 
-class _OpDesc(ctypes.Structure):
+class _OpDesc(_ctypes.Structure):
     pass
 
 
-_OpDesc._fields_ = [("name", ctypes.c_char_p), ("sig", ctypes.c_char_p), ("fn", ctypes.c_void_p),
-                    ("next", ctypes.POINTER(_OpDesc))]
+_OpDesc._fields_ = [("name", _ctypes.c_char_p), ("sig", _ctypes.c_char_p), ("fn", _ctypes.c_void_p),
+                    ("next", _ctypes.POINTER(_OpDesc))]
 
 _STATE: dict = {"ops": None, "device": "cpu", "error": "kernels not built/bound (run the compile tool first)"}
 
@@ -57,8 +59,8 @@ class _Op:
 
     def __init__(self, name: str, sig: str, addr: int, device: str):
         self.name, self.params, self.device = name, _parse_sig(name, sig), device
-        argtypes = [ctypes.c_void_p if kind in ("ptr", "stream") else _SCALARS[t] for kind, t, _ in self.params]
-        self.cfn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+        argtypes = [_ctypes.c_void_p if kind in ("ptr", "stream") else _SCALARS[t] for kind, t, _ in self.params]
+        self.cfn = _ctypes.CFUNCTYPE(None, *argtypes)(addr)
 
     def __call__(self, *args):
         user = [p for p in self.params if p[0] != "stream"]
@@ -69,16 +71,16 @@ class _Op:
         cargs = []
         for kind, typ, pname in self.params:
             if kind == "stream":
-                cargs.append(torch.cuda.current_stream().cuda_stream)
+                cargs.append(_torch.cuda.current_stream().cuda_stream)
                 continue
             a = next(it)
             if kind == "scalar":
-                if isinstance(a, torch.Tensor):
+                if isinstance(a, _torch.Tensor):
                     raise KrlError(f"{self.name}: {pname} is a scalar {typ}; got a tensor")
                 cargs.append(a)
                 continue
-            if not isinstance(a, torch.Tensor):
-                raise KrlError(f"{self.name}: {pname} must be a torch.Tensor ({typ}*), got {type(a).__name__}")
+            if not isinstance(a, _torch.Tensor):
+                raise KrlError(f"{self.name}: {pname} must be a _torch.Tensor ({typ}*), got {type(a).__name__}")
             if a.dtype != _DTYPES[typ]:
                 raise KrlError(f"{self.name}: {pname} must be {_DTYPES[typ]}, got {a.dtype}")
             if a.device.type != self.device:
@@ -99,8 +101,8 @@ class _Ops:
 
 def _bind(library_path: str, device: str = "cpu") -> None:
     """Evaluator only: load the built library and read its op registry."""
-    lib = ctypes.CDLL(library_path, mode=ctypes.RTLD_LOCAL)
-    lib.krl_ops.restype = ctypes.POINTER(_OpDesc)
+    lib = _ctypes.CDLL(library_path, mode=_ctypes.RTLD_LOCAL)
+    lib.krl_ops.restype = _ctypes.POINTER(_OpDesc)
     table = {}
     node = lib.krl_ops()
     while node:
