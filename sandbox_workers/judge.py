@@ -118,7 +118,7 @@ class Judge:
                   "lead_cycles": self.spec.get("lead_cycles", 0)})
 
     # ------------------------------------------------------------------ one trial
-    def trial(self, b: int, check: list[bool], out_bytes: int) -> dict:
+    def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True) -> dict:
         sets = [self.fresh_inputs() for _ in range(b)]
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         in_bytes = sum(wire.nbytes_of(s) for s in sets)
@@ -140,7 +140,7 @@ class Judge:
         self.runtime.flush()
         self.runtime.sync()
         t2 = clock()
-        ran = self.ask({"op": "run", "keys": keys})
+        ran = self.ask({"op": "run", "keys": keys, "guard": guard})
         t3 = clock()
         claim, digests = ran.get("claim_s"), ran.get("digests")
         reply = self.ask({"op": "fetch", "lo": lo, "hi": hi})
@@ -203,9 +203,9 @@ class Judge:
         out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
         checks, trials = [], []
 
-        def run_trial(b: int, must_check: bool) -> dict:
+        def run_trial(b: int, must_check: bool, guard: bool = True) -> dict:
             mask = [must_check or (checked and self.rng.random() < frac) for _ in range(b)]
-            t = self.trial(b, mask, out_bytes)
+            t = self.trial(b, mask, out_bytes, guard)
             checks.extend(t["checks"])
             bad = next((c for c in t["checks"] if not c["ok"]), None)
             if bad is not None:
@@ -227,7 +227,7 @@ class Judge:
         out["batch_from_reference_s"] = self.t_ref
         t_start = time.monotonic()
         while len(trials) < timing["max_trials"]:
-            trials.append(run_trial(b, False))
+            trials.append(run_trial(b, False, guard=False))
             claims = [t["claim_s"] for t in trials]
             if len(trials) >= timing["min_trials"] and (time.monotonic() - t_start > timing["budget_s"]
                                                         or rel_sem_median(claims) <= timing["rel_ci"]):

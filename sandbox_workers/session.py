@@ -151,7 +151,8 @@ class Session:
             argv.append("--no-seccomp")
         # OpenMP pools spin ~10x longer than libgomp's default before they sleep, across the judge's flush
         # (else every timed call pays their wake-up); the same for the candidate's kernels and torch's own
-        extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "GOMP_SPINCOUNT": "3000000"}
+        extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "GOMP_SPINCOUNT": "3000000",
+                 "PYTHONWARNINGS": "ignore:Failed to initialize NumPy"}  # numpy is absent on purpose
         if self.role == "baseline" and self.inductor_cache is not None:
             self.inductor_cache.mkdir(parents=True, exist_ok=True)
             extra["TORCHINDUCTOR_CACHE_DIR"] = self.path(self.inductor_cache, "/cache/inductor")
@@ -238,6 +239,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def signal_name(rc: int | None) -> str:
+    """The signal that ended a process: a negative return code, or bwrap's 128+N for its child."""
+    if rc is not None and 128 < rc < 128 + 65:
+        rc = -(rc - 128)
     if rc is None or rc >= 0:
         return ""
     try:
