@@ -685,7 +685,7 @@ TIMING = [
                 _PENDING.pop().join()
             return _fetch(self, msg)
         _R.fetch = _late
-        """), ev="timing", mode="both", violations=("output_commitment", CONTRADICTED), errors=MISMATCH,
+        """), ev="timing", mode="both",
         reward_max=1.0, why="either the hash taken when run ended does not match (-1), or the work finished inside "
                             "the run round trip and the judge's own time estimate counts it: never more than honest"),
     Case("digest_forged_work_in_fetch", "timing", fwd(CALL, header="""
