@@ -147,7 +147,7 @@ class SandboxConfig:
     timing_claim_abs_cpu_s: float = 0.02
     max_batch_bytes: int = 256 * 1024 * 1024  # inputs + outputs of one batched trial of a short call
     sandbox_tmp_mb: int = 256  # private /tmp of each sandboxed process
-    warm_sessions: bool = True  # start the next judge + candidate pair while this one works (one job each)
+    warm_sessions: bool = True  # start the next judge + candidate pair while this one works (CUDA, or >= 8 cores)
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...

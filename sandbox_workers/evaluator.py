@@ -138,7 +138,8 @@ class Evaluator:
                 sess = None
             if sess is None:
                 sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
-            if role == "candidate" and self.sb.warm_sessions:
+            if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or (os.cpu_count() or 1) >= 8):
+                # on a small CPU host the next pair's start-up would slow the job being timed
                 self._ready[role] = Session(self.cfg, self.backend, role,
                                             inductor_cache=self._inductor_cache()).start()
             return sess
