@@ -4,8 +4,9 @@ Python (model_new.py): imports limited to torch/krl/math, no try/except, no
 reference Model, no torch compute calls (creation only), no introspection,
 streams, threads, timers or tensor subclasses. C++/CUDA: no torch/ATen/Python
 headers or APIs, includes from an allow-list, no I/O, processes, threads,
-dynamic loading, inline assembly or side streams. Run-time guards (the
-evaluation child) back these up: see runtime_guards.py.
+dynamic loading, inline assembly or side streams. These are a first speed bump for
+honest mistakes; the trust model rests elsewhere (docs/sandbox.md: the judge, the OS
+sandbox, binpolicy.py on the built library).
 """
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ class Judge:
         sets = [self.fresh_inputs() for _ in range(b)]
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         in_bytes = sum(wire.nbytes_of(s) for s in sets)
-        lo = wire._align(in_bytes + wire.ALIGN)
+        lo = wire.align(in_bytes + wire.ALIGN)
         hi = lo + b * out_bytes
         self.arena.ensure(hi)
         descs, pos = [], 0

@@ -178,10 +178,7 @@ class Session:
             return ossandbox.spawn(argv, profile, limits, env, pass_fds=fds, stdin=stdin, stdout=log_file,
                                    stderr=subprocess.STDOUT)
         return spawn_plain(argv, limits, env, pass_fds=fds, stdin=stdin, stdout=log_file,
-                                     stderr=subprocess.STDOUT, cwd=str(self.dir / self.role_dir()))
-
-    def role_dir(self) -> str:
-        return "remote"
+                                     stderr=subprocess.STDOUT, cwd=str(self.dir / "remote"))
 
     # ------------------------------------------------------------------ sandbox profiles
     def _remote_profile(self):

@@ -55,17 +55,11 @@ class CompileHandler:
     def __call__(self, req):
         from schemas.messages import FAULT_INFRA, CompileResult
 
-        try:
-            return self._compile(req)
-        except RetriableError:
-            raise  # serve() retries it in place, then answers with its error reply
-        except Exception as exc:  # noqa: BLE001 - the worker's failure, not the agent's: an infra result
-            if isolation.ABORTED.is_set():
-                raise Abandoned() from exc  # stopping: leave the job uncommitted
-            log.warning("compile handler failed on %s: %s", req.header.request_id, exc, exc_info=True)
+        def infra(error: str) -> CompileResult:
             return CompileResult(request_id=req.header.request_id, episode_id=req.episode_id, ok=False,
-                                 error=f"compile worker failed: {type(exc).__name__}: {exc}"[:4000],
-                                 worker=self.name, fault=FAULT_INFRA)
+                                 error=error[:4000], worker=self.name, fault=FAULT_INFRA)
+
+        return as_infra_fault(lambda: self._compile(req), req, infra, "compile")
 
     def _compile(self, req):
         from sandbox_workers import compiler
@@ -143,15 +137,7 @@ class EvalHandler:
 
         if req.backend and req.backend != self.backend:
             return infra(f"request for backend {req.backend!r} reached a {self.backend} worker")
-        try:
-            return self._evaluate(req, infra)
-        except RetriableError:
-            raise  # serve() retries it in place, then answers with its error reply
-        except Exception as exc:  # noqa: BLE001 - the worker's failure, not the candidate's: an infra result
-            if isolation.ABORTED.is_set():
-                raise Abandoned() from exc  # stopping: leave the job uncommitted
-            log.warning("evaluation handler failed on %s: %s", req.header.request_id, exc, exc_info=True)
-            return infra(f"evaluation worker failed: {type(exc).__name__}: {exc}")
+        return as_infra_fault(lambda: self._evaluate(req, infra), req, infra, "evaluation")
 
     def _evaluate(self, req, infra):
         from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, EvaluateResult
@@ -181,3 +167,16 @@ class EvalHandler:
     def close(self) -> None:
         self.filter.close()
         self.evaluator.close()
+
+
+def as_infra_fault(handle, req, infra, what: str):
+    """Run a handler; its own exception is the worker's failure (an infra result), never the agent's."""
+    try:
+        return handle()
+    except RetriableError:
+        raise  # serve() retries it in place, then answers with its error reply
+    except Exception as exc:  # noqa: BLE001 - the worker's failure, not the agent's: an infra result
+        if isolation.ABORTED.is_set():
+            raise Abandoned() from exc  # stopping: leave the job uncommitted
+        log.warning("%s handler failed on %s: %s", what, req.header.request_id, exc, exc_info=True)
+        return infra(f"{what} worker failed: {type(exc).__name__}: {exc}")

@@ -151,7 +151,7 @@ class Arena:
                 raise ProtocolError(f"tensor dtype {t.dtype} cannot be passed")
             t = t.contiguous()
             nbytes = t.numel() * t.element_size()
-            pos = _align(pos)
+            pos = align(pos)
             if pos + nbytes > end:
                 raise ProtocolError(f"tensors need more than the {end - start} bytes of their region")
             if nbytes:
@@ -229,10 +229,10 @@ def digest(values: list) -> list[str]:
 
 def nbytes_of(values: list) -> int:
     """Bytes `put` needs for these values (alignment included)."""
-    return sum(_align(v.numel() * v.element_size()) + ALIGN for v in values if isinstance(v, torch.Tensor))
+    return sum(align(v.numel() * v.element_size()) + ALIGN for v in values if isinstance(v, torch.Tensor))
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
