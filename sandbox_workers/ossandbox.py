@@ -367,15 +367,16 @@ def wrap(argv: list[str], profile: Profile, limits, env: dict) -> list[str]:
     if not profile.network:
         cmd.append("--unshare-net")
     m = _Mounts()
+    # the private /tmp and /dev first: a checkout or venv that lives under /tmp is bound on top of them
+    m.args += ["--proc", "/proc", "--dev", "/dev"]
+    m.tmpfs("/tmp", profile.tmp_mb)
+    m.tmpfs("/dev/shm", min(profile.tmp_mb, 64))
     for src, dest in _base_binds():
         m.add("--ro-bind-try", src, dest)
     if profile.network:
         for n in _ETC_NET:
             if os.path.exists(f"/etc/{n}"):
                 m.add("--ro-bind", f"/etc/{n}", f"/etc/{n}")
-    m.args += ["--proc", "/proc", "--dev", "/dev"]
-    m.tmpfs("/tmp", profile.tmp_mb)
-    m.tmpfs("/dev/shm", min(profile.tmp_mb, 64))
     if profile.gpu:
         for dev in sorted(glob.glob("/dev/nvidia*")) + (["/dev/dri"] if os.path.exists("/dev/dri") else []):
             m.add("--dev-bind", dev, dev)
