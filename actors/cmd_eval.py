@@ -129,7 +129,7 @@ def _results(args, cfg, entries, backend, progress, resolved):
 
         cfg.actor.policy = args.policy
         return asyncio.run(run_episodes(cfg, entries, args.model_path, on_result=progress))
-    runner = BusSolutions(cfg, backend) if args.via == "bus" else LocalSolutions(cfg, backend)
+    runner = BusSolutions(cfg, backend) if args.via == "bus" else LocalSolutions(cfg, backend, args.workers)
     try:
         return run_solutions(entries, resolved, runner, workers=args.workers, on_result=progress)
     finally:

@@ -116,7 +116,10 @@ class SandboxConfig:
     # --- added by the sandbox (issue 3) ---
     compile_jobs: int = 2  # parallel compile jobs per build (ninja -j)
     cpu_flags: str = "-O3 -march=native -fopenmp -std=c++17"
-    cpu_threads: int = 0  # threads for candidate and baselines alike (0 = all cores)
+    cpu_threads: int = 0  # threads for candidate and baselines alike (0 = every core the evaluation may use)
+    # Cores the CPU evaluation worker pins itself (and so its sandboxes) to, as a Linux CPU list ("0-3,8");
+    # "" = all. Run one CPU evaluation worker per disjoint set: shared cores make their timings contend.
+    cpu_cores: str = ""
     cpu_flush_mb: int = 0  # buffer written before each CPU trial (0 = 2x LLC, at most 512 MiB)
     cuda_flush_mb: int = 256  # buffer zeroed before each GPU trial (KernelBench: 256 MB)
     cuda_lead_us: int = 1000  # GPU spin queued before the start event so the host path (guard, checks) is off the clock
@@ -369,6 +372,10 @@ def validate(cfg: Config) -> Config:
     if cfg.bus.heartbeat_interval_ms >= cfg.bus.session_timeout_ms:
         raise ConfigError(f"bus.heartbeat_interval_ms: must be < bus.session_timeout_ms "
                           f"({cfg.bus.session_timeout_ms!r}), got {cfg.bus.heartbeat_interval_ms!r}")
+    if cfg.sandbox.cpu_cores:
+        from sandbox_workers import cpuset  # names the field and the bad value
+
+        cpuset.parse(cfg.sandbox.cpu_cores)
     if cfg.topics.trajectory_max_message_bytes < 8 * 1024 * 1024:
         raise ConfigError("topics.trajectory_max_message_bytes: must be >= 8 MiB for 128k-token trajectories, "
                           f"got {cfg.topics.trajectory_max_message_bytes!r}")

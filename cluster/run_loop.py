@@ -72,7 +72,8 @@ def _roles(cfg: Config) -> list[RoleSpec]:
     if cfg.sandbox.backend == "cuda":
         specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", str(i)]) for i in range(n_eval)]
     else:
-        specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", "cpu"]) for i in range(n_eval)]
+        specs += [RoleSpec(f"eval-worker-{i}", [*cores, "eval-worker", "--device", "cpu"])
+                  for i, cores in enumerate(_cpu_slices(cfg, n_eval))]
     # an actor finishes its running episodes for up to actor.shutdown_grace_s, then closes its engine
     actor_grace = cfg.actor.shutdown_grace_s + 30.0
     specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], grace_s=actor_grace) for i in range(c.actors)]
@@ -80,6 +81,16 @@ def _roles(cfg: Config) -> list[RoleSpec]:
                        grace_s=actor_grace) for i in range(c.scripted_actors)]
     specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=300.0))
     return specs
+
+
+def _cpu_slices(cfg: Config, n: int) -> list[list[str]]:
+    """Per CPU evaluation worker, the --set that gives it its own cores (none for a single worker)."""
+    from sandbox_workers import cpuset
+
+    if n == 1 and not cfg.sandbox.cpu_cores:
+        return [[]]
+    cores = cpuset.parse(cfg.sandbox.cpu_cores) if cfg.sandbox.cpu_cores else cpuset.available()
+    return [["--set", f"sandbox.cpu_cores={cpuset.format_list(part)}"] for part in cpuset.split(cores, n)]
 
 
 def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:

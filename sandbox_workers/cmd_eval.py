@@ -27,6 +27,11 @@ def run(args, cfg) -> int:
 
     backend = "cpu" if args.device == "cpu" else "cuda"
     ident, device_key = None, ""
+    if backend == "cpu" and cfg.sandbox.cpu_cores:
+        from sandbox_workers import cpuset
+
+        cpuset.pin(cpuset.parse(cfg.sandbox.cpu_cores))  # before any thread: the sandboxes inherit it
+        log.info("pinned to cores %s", cfg.sandbox.cpu_cores)
     if backend == "cuda":
         from sandbox_workers import gpu
 

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_workers import compiler, guards, workspace
+from sandbox_workers import compiler, cpuset, guards, workspace
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
@@ -124,7 +124,7 @@ class Evaluator:
         spec = {"task_source": task_source, "backend": self.backend, "variants": variants,
                 "deadline_s": sb.eval_timeout_s, "atol": sb.atol, "rtol": sb.rtol,
                 "correctness_trials": sb.correctness_trials, "timed_check_fraction": sb.timed_check_fraction,
-                "max_batch_bytes": sb.max_batch_bytes, "threads": sb.cpu_threads if self.backend == "cpu" else 0,
+                "max_batch_bytes": sb.max_batch_bytes, "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
                 "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0}
         return spec
@@ -138,7 +138,7 @@ class Evaluator:
                 sess = None
             if sess is None:
                 sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
-            if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or (os.cpu_count() or 1) >= 8):
+            if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or len(cpuset.available()) >= 8):
                 # on a small CPU host the next pair's start-up would slow the job being timed
                 self._ready[role] = Session(self.cfg, self.backend, role,
                                             inductor_cache=self._inductor_cache()).start()
@@ -239,7 +239,7 @@ class Evaluator:
 
     def _runtime_kwargs(self) -> dict:
         if self.backend == "cpu":
-            return {"flush_mb": self.sb.cpu_flush_mb, "threads": self.sb.cpu_threads}
+            return {"flush_mb": self.sb.cpu_flush_mb, "threads": cpuset.threads(self.sb.cpu_threads)}
         return {"flush_mb": self.sb.cuda_flush_mb, "lead_us": 0}  # the remote queues its own lead spin
 
     # ------------------------------------------------------------------ result
@@ -367,7 +367,7 @@ def _read_json(p: Path) -> dict | None:
 def _default_device_key(backend: str, sb) -> str:
     if backend == "cpu":
         from sandbox_workers.backends.cpu import cpu_model
-        return f"cpu:{cpu_model()}:threads={sb.cpu_threads or os.cpu_count()}"
+        return f"cpu:{cpu_model()}:threads={cpuset.threads(sb.cpu_threads)}"
     name = os.environ.get("KRL_GPU_NAME", "cuda")
     return f"cuda:{name}:locked={sb.lock_clocks}"
 

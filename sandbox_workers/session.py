@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.config import PROJECT_ROOT
-from sandbox_workers import isolation
+from sandbox_workers import cpuset, isolation
 from sandbox_workers.isolation import Limits
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,8 @@ class Session:
     def _env(self, extra: dict) -> dict:
         env = isolation.sandbox_env(dict(extra, KRL_IN_SANDBOX="1", PYTORCH_NVML_BASED_CUDA_CHECK="1",
                                          PYTHONUNBUFFERED="1"), home="/tmp" if self.isolated else str(self.dir))
-        if self.backend == "cpu" and self.sb.cpu_threads > 0:
-            env["OMP_NUM_THREADS"] = str(self.sb.cpu_threads)
+        if self.backend == "cpu":
+            env["OMP_NUM_THREADS"] = str(cpuset.threads(self.sb.cpu_threads))
         env.pop("TORCH_COMPILE_DISABLE", None)
         env.pop("TORCHDYNAMO_DISABLE", None)
         return env

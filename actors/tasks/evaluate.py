@@ -70,18 +70,41 @@ def _missing(entry: TaskEntry, why: str = "no solution") -> TaskResult:
 
 
 class LocalSolutions:
-    """Each solution through sandbox_workers' one-shot Evaluator (its own sandboxed children)."""
+    """Each solution through sandbox_workers' one-shot Evaluator (its own sandboxed children).
 
-    def __init__(self, cfg, backend: str):
-        from sandbox_workers.evaluator import Evaluator
+    With ``workers`` > 1 on the CPU backend each pool thread gets its own evaluator pinned to its own slice
+    of the cores, so concurrent evaluations do not time each other's OpenMP pools (sandbox_workers.cpuset).
+    """
 
-        self.evaluator = Evaluator(cfg, backend)
+    def __init__(self, cfg, backend: str, workers: int = 1):
+        import threading
+
+        from sandbox_workers import cpuset
+
+        self.cfg, self.backend = cfg, backend
+        cores = cpuset.parse(cfg.sandbox.cpu_cores) if cfg.sandbox.cpu_cores else cpuset.available()
+        self._slices = cpuset.split(cores, workers) if backend == "cpu" and (workers > 1 or cfg.sandbox.cpu_cores) else []
+        self._local, self._lock, self._made = threading.local(), threading.Lock(), []
+
+    def _evaluator(self):
+        ev = getattr(self._local, "evaluator", None)
+        if ev is None:
+            from sandbox_workers import cpuset
+            from sandbox_workers.evaluator import Evaluator
+
+            with self._lock:
+                if self._slices:
+                    cpuset.pin(self._slices[len(self._made) % len(self._slices)])  # before the evaluator's key
+                ev = self._local.evaluator = Evaluator(self.cfg, self.backend)
+                self._made.append(ev)
+        return ev
 
     def evaluate(self, entry: TaskEntry, files: dict[str, str]) -> dict:
-        return self.evaluator.evaluate(entry.model_py, files, mode="both")
+        return self._evaluator().evaluate(entry.model_py, files, mode="both")
 
     def close(self) -> None:
-        pass
+        for ev in self._made:
+            ev.close()
 
 
 class BusSolutions:
