@@ -99,12 +99,16 @@ class Bus:
         return group_lag(self, self.group(group_id), topics)
 
     # dead letters
-    def dead_letter(self, topic: str, partition: int, offset: int, error: str, payload: bytes,
-                    key: bytes | None = None, consumer: str = "") -> None:
-        """Publish a DeadLetter and wait for its ack (it is the only copy we keep)."""
+    def prepare_dead_letters(self) -> None:
+        """Open the dead-letter producer now (a worker does at start), so a letter costs one acked send."""
         with self._lock:
             if self._dlq_producer is None:
                 self._dlq_producer = Producer(self, linger_ms=0)
+
+    def dead_letter(self, topic: str, partition: int, offset: int, error: str, payload: bytes,
+                    key: bytes | None = None, consumer: str = "") -> None:
+        """Publish a DeadLetter and wait for its ack (it is the only copy we keep)."""
+        self.prepare_dead_letters()
         limit = self.cfg.bus.max_message_bytes - 64 * 1024
         letter = DeadLetter(source_topic=topic, partition=partition, offset=offset, error=error[:4000],
                             payload=bytes(payload or b"")[:limit], key=key or b"",
@@ -220,6 +224,8 @@ class Consumer:
         self._delivered_hi: dict = {}
         self._committed: dict = {}
         self._skipped: dict = {}
+        self._acked: dict = {}  # tp -> highest offset the group coordinator acknowledged
+        self._failed: dict = {}  # tp -> offset of an async commit that failed, to be sent again
         client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
         self._kwargs = consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides)
         self._topics = [bus.topic(t) for t in topics]
@@ -332,13 +338,35 @@ class Consumer:
     def _on_async_commit(self, offsets, response) -> None:
         if isinstance(response, Exception):
             self.stats["commit_failures"] += 1
-            log.warning("async commit failed: %s", response)
+            log.warning("async commit failed (sent again when the consumer is idle): %s", response)
+            for tp, om in offsets.items():
+                self._failed[tp] = max(om.offset, self._failed.get(tp, -1))
+            return
+        for tp, om in offsets.items():
+            self._acked[tp] = max(om.offset, self._acked.get(tp, -1))
+
+    def recommit_failed(self) -> None:
+        """Send again the async commits that failed (a busy coordinator); without this the last record of a
+        burst stays uncommitted until the next record or shutdown, and is served twice after a crash."""
+        targets = {tp: o for tp, o in self._failed.items() if o > self._acked.get(tp, -1) and tp in self._committed}
+        if not targets:
+            self._failed.clear()
+            return
+        try:
+            if self._commit_offsets(targets, sync=True):  # idle: waiting for the ack costs nothing
+                for tp, o in targets.items():
+                    self._acked[tp] = max(o, self._acked.get(tp, -1))
+            self._failed.clear()
+        except BusError as exc:
+            log.warning("commit sent again failed (next idle poll tries again): %s", exc)
 
     def _forget(self, partitions) -> None:
         for tp in partitions:
             self._delivered_hi.pop(tp, None)
             self._committed.pop(tp, None)
             self._skipped.pop(tp, None)
+            self._failed.pop(tp, None)
+            self._acked.pop(tp, None)
 
     def _watch_membership(self) -> None:
         """Rebuild the client when its group membership never settles.

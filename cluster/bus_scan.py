@@ -111,12 +111,15 @@ def committed_offsets(bus, group_id: str, topic: str) -> dict[int, int]:
     from kafka import KafkaAdminClient
 
     from cluster.bus_clients import admin_kwargs
+    from cluster.errors import retry
 
     cons, kc, tps = _scanner(bus, topic)
     cons.close()
     admin = KafkaAdminClient(**admin_kwargs(bus.cfg, f"{bus.client_id}-offsets", bus.bootstrap))
     try:
-        got = admin.list_group_offsets({group_id: tps}).get(group_id, {}) if tps else {}
+        # a fresh broker has no group coordinator for a moment (CoordinatorNotAvailable is retriable)
+        got = retry(lambda: admin.list_group_offsets({group_id: tps}).get(group_id, {}),
+                    f"offsets of group {group_id}") if tps else {}
         out = {}
         for tp in tps:
             c = got.get(tp)

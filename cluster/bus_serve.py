@@ -5,8 +5,9 @@ for each request it calls ``handler(msg) -> reply`` and publishes the reply to t
 request's ``header.reply_topic``/``reply_partition``, waits for the ack, then commits
 (at-least-once). A handler's RetriableError is retried a few times in place; any other
 error becomes an error reply (``on_error`` or the defaults below), or a DeadLetter
-when no error reply can be built. Expired requests (past their deadline) are skipped
-and committed. ``stop_event`` (set from a SIGTERM handler) ends the loop between
+when no error reply can be built. Every consumed request is answered or dead-lettered
+with its reason: expired ones (past their deadline), ones without a reply address or
+with one that is not this cluster's replies topic, and ones whose reply the broker refuses. ``stop_event`` (set from a SIGTERM handler) ends the loop between
 messages: what was not finished is not committed and will be redelivered.
 """
 from __future__ import annotations
@@ -57,12 +58,15 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
     on_error = on_error or default_error_reply
     consumer = bus.consumer([topic], group_id, expected=expected, **(consumer_overrides or {}))
     producer = bus.producer(linger_ms=0)
+    bus.prepare_dead_letters()
     stats = {"handled": 0, "errors": 0, "expired": 0, "dead_lettered": 0}
     done: dict = {}  # (topic, partition) -> last finished record: committed synchronously at exit
     ready = False
     try:
         while not stop_event.is_set():
             records = consumer.poll(timeout_s=poll_timeout_s)
+            if not records:
+                consumer.recommit_failed()
             if not ready and consumer.assignment():
                 ready = True
                 if on_ready:
@@ -88,7 +92,11 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
     header = getattr(msg, "header", None)
     if header is not None and header.deadline_ms and now_ms() > header.deadline_ms:
         stats["expired"] += 1
-        log.info("skipping expired request %s (%d ms late)", header.request_id, now_ms() - header.deadline_ms)
+        late = now_ms() - header.deadline_ms
+        log.info("skipping expired request %s (%d ms late)", header.request_id, late)
+        # kept with its reason: every consumed request is answered or dead-lettered, none silently dropped
+        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"expired: its deadline passed {late} ms before "
+                        "a worker reached it (the client has given up)", b"", rec.key.encode() if rec.key else None)
         consumer.commit(rec, sync=False)
         return
     t0 = time.monotonic()
@@ -105,12 +113,37 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
     if reply is not None and header is not None and header.reply_topic:
         if hasattr(reply, "request_id") and not reply.request_id:
             reply.request_id = header.request_id
-        producer.send(header.reply_topic, reply, key=header.sender or None,
-                      partition=header.reply_partition).get(timeout=60)
+        _send_reply(bus, producer, rec, header, reply)
     elif reply is not None:
-        log.warning("handler returned %s for a message without reply address; dropped", type(reply).__name__)
+        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, "request without a reply address (header."
+                        f"reply_topic is empty): its {type(reply).__name__} had nowhere to go", _reencode(msg),
+                        rec.key.encode() if rec.key else None)
     log.debug("handled %s in %.1f ms", type(msg).__name__, (time.monotonic() - t0) * 1000)
     consumer.commit(rec, sync=False)  # after the reply is acked: at-least-once; async keeps latency low
+
+
+def _send_reply(bus, producer, rec, header, reply) -> None:
+    """Send the reply and wait for its ack; a reply the broker will never take (no such topic or partition,
+    too large) dead-letters the request with the reason. A transient failure propagates: the request stays
+    uncommitted and is served again."""
+    from cluster.errors import is_retriable
+    from schemas import topics
+
+    replies = bus.topic(topics.TOOL_REPLIES)
+    if header.reply_topic not in (replies, topics.TOOL_REPLIES):
+        # a reply is only ever sent to this cluster's replies topic, never where a record says
+        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"reply_topic {header.reply_topic!r} is not this "
+                        f"cluster's replies topic {replies!r}", _reencode(rec.msg), rec.key.encode() if rec.key else None)
+        return
+    try:
+        producer.send(header.reply_topic, reply, key=header.sender or None,
+                      partition=header.reply_partition).get(timeout=60)
+    except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: transient ones re-raise
+        if is_retriable(exc):
+            raise
+        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"reply undeliverable to {header.reply_topic!r}"
+                        f"[{header.reply_partition}]: {type(exc).__name__}: {exc}", _reencode(rec.msg),
+                        rec.key.encode() if rec.key else None)
 
 
 def _reencode(msg) -> bytes:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: show, don't trace
         if getattr(exc, "user_facing", False):
             print(f"kernelrl {args.command}: {exc}", file=sys.stderr)
-            return 1
+            return int(getattr(exc, "exit_code", 1))
         raise
 
 

@@ -9,6 +9,8 @@ def add_arguments(p) -> None:
     up_arguments(p)
     p.set_defaults(chaos=20.0)
     p.add_argument("--every", dest="chaos", type=float, help="mean seconds between kills (default 20)")
+    p.add_argument("--broker", dest="chaos_broker", action="store_true",
+                   help="the embedded broker is among the victims (restarted on its port and data)")
 
 
 def run(args, cfg) -> int:

@@ -17,12 +17,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", help="folder of task files (default: the built-in task set)")
     p.add_argument("--chaos", type=float, default=0.0, metavar="SECONDS",
                    help="kill a random role with SIGKILL every ~SECONDS (fault injection; 0 = off)")
+    p.add_argument("--chaos-broker", action="store_true",
+                   help="chaos also kills the embedded broker's JVM (restarted on its port and data)")
+    p.add_argument("--chaos-seed", type=int, help="replay a chaos run's choice of victims (the seed is logged)")
     p.add_argument("--no-dashboard", action="store_true", help="log progress lines instead of redrawing")
 
 
 def run(args, cfg) -> int:
+    from pathlib import Path
+
     from cluster.config import set_value
+    from cluster.errors import InputError
     from cluster.run_loop import run_cluster
+
+    if args.tasks is not None and not Path(args.tasks).is_dir():
+        raise InputError(f"--tasks {args.tasks!r}: no such folder (it holds the task files to train on)")
 
     for flag, path in (("backend", "sandbox.backend"), ("policy", "actor.policy"), ("max_steps", "cluster.max_steps"),
                        ("duration", "cluster.duration_s"), ("report", "cluster.report_path"),
@@ -33,9 +42,13 @@ def run(args, cfg) -> int:
         if value is not None:
             set_value(cfg, path, value)
     report = run_cluster(cfg, chaos_every_s=args.chaos, dashboard=not args.no_dashboard,
-                         config_path=args.config, overrides=args.set)
+                         config_path=args.config, overrides=args.set, chaos_broker=args.chaos_broker,
+                         chaos_seed=args.chaos_seed)
+    if report.get("error"):
+        print(f"report: {cfg.cluster.report_path}  (the run failed: {report['error']})")
+        return 3
     print(f"report: {cfg.cluster.report_path}  "
           f"(steps {report['learner_steps']}, episodes {report['episodes_finished']}, "
           f"trained {report['trajectories_trained']}, lost {report['trajectories_lost']}, "
-          f"tool calls lost {report['tool_calls_lost']})")
+          f"tool calls lost {report['tool_calls_lost']}, broker restarts {report.get('broker_restarts', 0)})")
     return 0 if report.get("ok") else 1

@@ -29,6 +29,8 @@ def render(snaps: dict[str, dict], extra: dict, started: float) -> str:
         p50, p99, n = _pct(snaps, "actor", f"tool_latency_s.{tool}")
         if n:
             lines.append(f"tool {tool:8s} p50 {p50 * 1000:7.0f} ms  p99 {p99 * 1000:7.0f} ms  n {n}")
+    if extra.get("broker"):
+        lines.append(f"broker        {extra['broker']}")
     lags = extra.get("lags", {})
     if lags:
         lines.append("consumer lag  " + "  ".join(f"{k} {v}" for k, v in sorted(lags.items())))

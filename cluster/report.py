@@ -15,34 +15,41 @@ from collections import Counter
 from pathlib import Path
 
 from schemas import topics
-from schemas.messages import REWARD_UNDETERMINED
+from schemas.messages import (REWARD_UNDETERMINED, CompileRequest, CompileResult, DeadLetter, EvaluateRequest,
+                              EvaluateResult, Task, TrainStep, Trajectory, WeightAnnouncement)
 
 log = logging.getLogger(__name__)
 
 
-def _records(bus, topic: str):
+def _records(bus, topic: str, kind: type | tuple[type, ...]):
+    """The records of ``topic`` that are a ``kind``: a record of another kind (a dead letter, a message
+    produced to the wrong topic) is counted by the consumers' dead-letter path, never by the report."""
     from cluster.bus_scan import read_topic
 
-    return [rec for rec in read_topic(bus, topic) if rec.msg is not None]
+    return [rec for rec in read_topic(bus, topic) if isinstance(rec.msg, kind)]
 
 
 def durable_invariants(bus, actor_group: str) -> dict:
     """Everything the report asserts, read back from the topics themselves."""
     from cluster.bus_scan import committed_offsets
 
-    traj = _records(bus, topics.TRAJECTORIES)
-    steps = _records(bus, topics.LEARNER_LOG)
-    tasks = _records(bus, topics.TASKS)
-    weights = _records(bus, topics.WEIGHTS)
+    traj = _records(bus, topics.TRAJECTORIES, Trajectory)
+    steps = _records(bus, topics.LEARNER_LOG, TrainStep)
+    tasks = _records(bus, topics.TASKS, Task)
+    weights = _records(bus, topics.WEIGHTS, WeightAnnouncement)
     # A request is lost only if its worker group moved past it without any reply: one
     # still uncommitted when the run stopped is durable and will be served on restart.
     requests = []
-    for topic, group in ((topics.TOOL_COMPILE, "compile-workers"),
-                         (topics.evaluate_topic("cpu"), "eval-workers-cpu"),
-                         (topics.evaluate_topic("cuda"), "eval-workers-cuda")):
+    for topic, group, kind in ((topics.TOOL_COMPILE, "compile-workers", CompileRequest),
+                               (topics.evaluate_topic("cpu"), "eval-workers-cpu", EvaluateRequest),
+                               (topics.evaluate_topic("cuda"), "eval-workers-cuda", EvaluateRequest)):
         done = committed_offsets(bus, bus.group(group), topic)
-        requests += [(r, r.offset < done.get(r.partition, 0)) for r in _records(bus, topic)]
-    replies = _records(bus, topics.TOOL_REPLIES)
+        requests += [(r, r.offset < done.get(r.partition, 0)) for r in _records(bus, topic, kind)]
+    replies = _records(bus, topics.TOOL_REPLIES, (CompileResult, EvaluateResult))
+    # a consumed request that was dead-lettered (expired, unanswerable) is accounted for, with its reason
+    lettered = {(d.msg.source_topic, d.msg.partition, d.msg.offset) for d in _records(bus, topics.DLQ, DeadLetter)}
+    lettered_ids = {r.msg.header.request_id for r, consumed in requests
+                    if consumed and (r.raw_topic or bus.topic(r.topic), r.partition, r.offset) in lettered}
 
     episodes = {r.msg.episode_id: r.msg for r in traj}
     traj_tasks = {t.task_id for t in episodes.values()}
@@ -70,7 +77,8 @@ def durable_invariants(bus, actor_group: str) -> dict:
         "trajectories_lost": len(consumed_tasks - traj_tasks),
         "tasks_consumed": len(consumed_tasks),
         "tool_calls_sent": len(req_ids),
-        "tool_calls_lost": len(consumed_req_ids - reply_ids),
+        "tool_calls_lost": len(consumed_req_ids - reply_ids - lettered_ids),
+        "tool_calls_dead_lettered": len(lettered_ids - reply_ids),
         "tool_calls_pending_at_stop": len(req_ids - consumed_req_ids - reply_ids),
         "weight_versions_published": len({r.msg.version for r in weights}),
         "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: _reward_key(kv[0]))),

@@ -136,52 +136,29 @@ def _lags(bus) -> dict:
 
 
 def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
-                config_path: str | None = None, overrides: list[str] | None = None) -> dict:
-    from cluster.bus import Bus
-    from cluster.feeder import Feeder, load_task_files
+                config_path: str | None = None, overrides: list[str] | None = None,
+                chaos_broker: bool = False, chaos_seed: int | None = None) -> dict:
+    """Run the loop and write its report; a failure ends the run with a report saying why, not a traceback."""
+    from cluster.broker_watch import BrokerWatch
 
     run_id = time.strftime("%Y%m%d-%H%M%S")
     run_dir = cache_path(cfg, "runs", run_id)
-    owned_broker = _ensure_broker(cfg)
     stop = _Stop()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    sup = feeder = None
+    run = {"sup": None, "feeder": None, "watch": None}
+    owned_broker = False
     try:
-        child = _child_config(cfg, run_id)
-        (run_dir / "config.toml").write_text(dump_toml(child))
-        bus = Bus(child, client_id="kernelrl-up")
-        bus.ensure_topics()
-        tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
-        for t in tasks:  # read by scripted actors only: real tool traffic through the workers
-            t.metadata["scripted_turns"] = list(DEMO_SCRIPT)
-        feeder = Feeder(bus, tasks, _gates(bus, child)).start()
-        # The written config is fully resolved (env and --set included): children must not
-        # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-        sup = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env)
-        for spec in _roles(child):
-            sup.add(spec)
-        snaps = _watch(sup, bus, feeder, child, stop, chaos_every_s, Dashboard(every_s=2.0 if dashboard else 10.0))
-        feeder.stop()
-        sup.stop()
-        result = report_mod.durable_invariants(bus, bus.group(ACTOR_GROUP))
-        result.update({
-            "run_id": run_id, "run_dir": str(run_dir), "stopped_by": stop.reason or "learner finished",
-            "weight_versions_applied_min": report_mod.applied_min(snaps),
-            "role_throughput_per_s": report_mod.role_throughput(snaps),
-            "restarts": {n: rp.starts - 1 for n, rp in sup.roles.items()},
-            "chaos_kills": {n: rp.kills for n, rp in sup.roles.items() if rp.kills},
-            "killed_at_stop": list(sup.killed_at_stop),  # roles that outlived their SIGTERM grace
-            "tasks_fed": feeder.published,
-        })
-        result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0
-                        and result["tool_calls_lost"] == 0 and result["trajectories_trained_twice"] == 0)
-        return report_mod.write(result, cfg.cluster.report_path)
+        owned_broker = _ensure_broker(cfg)
+        run["watch"] = BrokerWatch(cfg, owned_broker)
+        return _run(cfg, run_id, run_dir, stop, run, chaos_every_s, dashboard, chaos_broker, chaos_seed)
+    except Exception as exc:  # noqa: BLE001 - every way the run can end gets a report saying why
+        log.error("the run failed: %s: %s", type(exc).__name__, exc)
+        log.debug("the run failed", exc_info=True)
+        return report_mod.write(_failure_report(run_id, run_dir, stop, run, exc), cfg.cluster.report_path)
     finally:
-        if feeder is not None:
-            feeder.stop()
-        if sup is not None:
-            sup.stop()
+        for key in ("feeder", "sup"):
+            if run[key] is not None:
+                run[key].stop()
         for s, h in old.items():
             signal.signal(s, h)
         if owned_broker:
@@ -190,13 +167,97 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
             broker.stop(cfg)
 
 
-def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos_every_s: float, dash: Dashboard) -> dict:
+def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos_every_s: float, dashboard: bool,
+         chaos_broker: bool, chaos_seed: int | None) -> dict:
+    from cluster.bus import Bus
+    from cluster.feeder import Feeder, load_task_files
+
+    child = _child_config(cfg, run_id)
+    (run_dir / "config.toml").write_text(dump_toml(child))
+    bus = Bus(child, client_id="kernelrl-up")
+    bus.ensure_topics()
+    tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
+    for t in tasks:  # read by scripted actors only: real tool traffic through the workers
+        t.metadata["scripted_turns"] = list(DEMO_SCRIPT)
+    feeder = run["feeder"] = Feeder(bus, tasks, _gates(bus, child)).start()
+    # The written config is fully resolved (env and --set included): children must not
+    # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    sup = run["sup"] = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env)
+    for spec in _roles(child):
+        sup.add(spec)
+    chaos = _Chaos(chaos_every_s, chaos_seed, run["watch"] if chaos_broker else None)
+    snaps = _watch(sup, bus, feeder, child, stop, chaos, run["watch"],
+                   Dashboard(every_s=2.0 if dashboard else 10.0))
+    feeder.stop()
+    sup.stop()
+    result = report_mod.durable_invariants(bus, bus.group(ACTOR_GROUP))
+    result.update({
+        "run_id": run_id, "run_dir": str(run_dir), "stopped_by": stop.reason or "learner finished",
+        "weight_versions_applied_min": report_mod.applied_min(snaps),
+        "role_throughput_per_s": report_mod.role_throughput(snaps),
+        "restarts": {n: rp.starts - 1 for n, rp in sup.roles.items()},
+        "chaos_kills": {n: rp.kills for n, rp in sup.roles.items() if rp.kills},
+        "chaos_seed": chaos.seed,
+        "killed_at_stop": list(sup.killed_at_stop),  # roles that outlived their SIGTERM grace
+        "tasks_fed": feeder.published,
+        **run["watch"].report(),
+    })
+    result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0
+                    and result["tool_calls_lost"] == 0 and result["trajectories_trained_twice"] == 0)
+    return report_mod.write(result, cfg.cluster.report_path)
+
+
+def _failure_report(run_id: str, run_dir: Path, stop: _Stop, run: dict, exc: Exception) -> dict:
+    sup, watch = run["sup"], run["watch"]
+    rep = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "retriable": bool(getattr(exc, "retriable", False)),
+           "run_id": run_id, "run_dir": str(run_dir), "stopped_by": stop.reason or "error",
+           "learner_steps": 0, "episodes_finished": 0, "trajectories_trained": 0, "trajectories_lost": None,
+           "tool_calls_lost": None}
+    if sup is not None:
+        rep["restarts"] = {n: rp.starts - 1 for n, rp in sup.roles.items()}
+    if watch is not None:
+        rep.update(watch.report())
+    return rep
+
+
+class _Chaos:
+    """Random SIGKILLs: each role (and the broker with --broker) once, at a random moment, from a logged seed."""
+
+    def __init__(self, every_s: float, seed: int | None, broker_watch=None) -> None:
+        self.every_s, self.broker = every_s, broker_watch
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+        self.rng = random.Random(self.seed)
+        self.next = time.time() + every_s if every_s else float("inf")
+        if every_s:
+            log.warning("chaos: a SIGKILL every ~%.0f s%s, seed %d (--chaos-seed %d replays the choices)",
+                        every_s, " (broker included)" if broker_watch else "", self.seed, self.seed)
+
+    def tick(self, sup: Supervisor) -> None:
+        if time.time() < self.next:
+            return
+        # Each role is killed once: on small machines a role killed again and again (the learner, say)
+        # could never finish a step between kills.
+        victims = [n for n, rp in sup.roles.items() if rp.alive and rp.kills < 1]
+        if self.broker is not None and self.broker.owned and self.broker.kills < 1:
+            victims.append("<broker>")
+        victim = self.rng.choice(sorted(victims) or [None])
+        if victim == "<broker>":
+            log.warning("chaos: SIGKILL the Kafka broker")
+            self.broker.kill()
+        elif victim:
+            log.warning("chaos: SIGKILL %s", victim)
+            sup.kill(victim)
+        self.next = time.time() + self.every_s * self.rng.uniform(0.5, 1.5)
+
+
+def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos: _Chaos, broker_watch,
+           dash: Dashboard) -> dict:
     """Poll roles until the learner finishes, the duration passes or a signal arrives."""
     started = time.time()
     snaps: dict[str, dict] = {}
-    next_kill = started + chaos_every_s if chaos_every_s else float("inf")
-    rng = random.Random(0)
     while not stop.event.is_set():
+        broker_watch.check()  # a dead embedded broker is restarted before anything else is asked of it
         finished = sup.poll()
         if "learner" in finished:
             break
@@ -207,14 +268,7 @@ def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos_every_s
             snap = sup.scrape(name)
             if snap is not None or name not in snaps:
                 snaps[name] = snap
-        if time.time() >= next_kill:
-            # Each role is killed once, at a random moment: on small machines a role killed
-            # again and again (the learner, say) could never finish a step between kills.
-            victim = rng.choice([n for n, rp in sup.roles.items() if rp.alive and rp.kills < 1] or [None])
-            if victim:
-                log.warning("chaos: SIGKILL %s", victim)
-                sup.kill(victim)
-            next_kill = time.time() + chaos_every_s * rng.uniform(0.5, 1.5)
-        dash.update(snaps, {"tasks_fed": feeder.published, "lags": _lags(bus)})
+        chaos.tick(sup)
+        dash.update(snaps, {"tasks_fed": feeder.published, "lags": _lags(bus), "broker": broker_watch.status_line()})
         stop.event.wait(1.0)
     return snaps

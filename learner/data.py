@@ -37,8 +37,11 @@ class Sample:
         return int(self.token_ids.shape[0])
 
 
-def from_trajectory(traj, partition: int = -1, offset: int = -1) -> Sample:
-    """Validate a schemas.Trajectory and turn it into a Sample (raises InvalidTrajectory)."""
+def from_trajectory(traj, partition: int = -1, offset: int = -1, vocab_size: int = 0) -> Sample:
+    """Validate a schemas.Trajectory and turn it into a Sample (raises InvalidTrajectory).
+
+    ``vocab_size`` > 0: every token id must be one the model has (an id out of range would crash the
+    embedding lookup, and the learner would crash-loop on the same record)."""
     n = traj.num_tokens
     for name in ("logprobs", "loss_mask", "policy_version"):
         arr = getattr(traj, name)
@@ -46,6 +49,11 @@ def from_trajectory(traj, partition: int = -1, offset: int = -1) -> Sample:
             raise InvalidTrajectory(f"episode {traj.episode_id}: {name} has shape {arr.shape}, token_ids ({n},)")
     if n < 2:
         raise InvalidTrajectory(f"episode {traj.episode_id}: {n} tokens")
+    ids = np.asarray(traj.token_ids)
+    if vocab_size > 0 and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        raise InvalidTrajectory(f"episode {traj.episode_id}: {bad.size} token ids outside the model's vocabulary "
+                                f"[0, {vocab_size}) (e.g. {int(bad[0])})")
     if not np.isfinite(traj.reward):  # an undetermined reward is skipped before; never train on one
         raise InvalidTrajectory(f"episode {traj.episode_id}: reward {traj.reward!r} is not a number")
     mask = np.asarray(traj.loss_mask, dtype=np.uint8).copy()

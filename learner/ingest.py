@@ -45,8 +45,10 @@ class SeenIds:
 
 class Ingest:
     def __init__(self, stage: str, max_staleness: int, positions: dict[int, int] | None = None,
-                 seen: list[str] | None = None, seen_limit: int = 200_000) -> None:
+                 seen: list[str] | None = None, seen_limit: int = 200_000, vocab_size: int = 0) -> None:
         self.stage = stage
+        self.vocab_size = vocab_size  # token ids at or above it are invalid (0 = not checked)
+        self.rejected: list[tuple[int, int, str]] = []  # (partition, offset, why) of invalid records, to dead-letter
         self.max_staleness = max_staleness
         self.positions: dict[int, int] = dict(positions or {})  # partition -> next offset to read
         self.seen = SeenIds(seen_limit, seen)
@@ -67,10 +69,11 @@ class Ingest:
             reason = UNDETERMINED  # no reward to learn from: not the policy's -1, not a 0
         else:
             try:
-                sample = from_trajectory(msg, partition, offset)
+                sample = from_trajectory(msg, partition, offset, self.vocab_size)
             except InvalidTrajectory as exc:
                 log.warning("dropping invalid trajectory at %d:%d: %s", partition, offset, exc)
                 reason = "invalid"
+                self.rejected.append((partition, offset, str(exc)))
         if sample is not None:
             if sample.episode_id in self.seen or sample.episode_id in self._pending_ids:
                 reason, sample = "duplicate", None

@@ -42,6 +42,7 @@ class LearnerRole:
         self.version = int(state.get("policy_version", 0))
         self.ingest = Ingest.from_state(cfg.learner.stage, cfg.learner.max_staleness, state.get("ingest"))
         self.ingest.seen.limit = cfg.learner.seen_ids_limit
+        self.ingest.vocab_size = int(getattr(self.trainer.policy_module().config, "vocab_size", 0) or 0)
         self._undetermined_counted = self.ingest.skipped_undetermined  # this process's counter starts here
         self._pending = state.get("pending")  # publish/log work of the last checkpointed step
         self._since_ckpt: dict[str, list[str]] = {"episode_ids": [], "dropped_stale": []}
@@ -74,6 +75,19 @@ class LearnerRole:
             for rec in self.consumer.poll(timeout_s=0.2):
                 self.ingest.offer(rec.msg, rec.partition, rec.offset)
                 metrics.inc("learner_trajectories_received")
+                self._dead_letter_rejected(rec)
+
+    def _dead_letter_rejected(self, rec) -> None:
+        """An invalid trajectory goes to the dead-letter topic with the reason, once: it is dropped (its offset
+        consumed) rather than trained on, so the learner never crash-loops on it."""
+        from schemas import codec
+
+        while self.ingest.rejected:
+            part, off, why = self.ingest.rejected.pop(0)
+            payload = codec.encode(rec.msg) if (part, off) == (rec.partition, rec.offset) else b""
+            self.bus.dead_letter(topics.TRAJECTORIES, part, off, f"invalid trajectory: {why}", payload,
+                                 consumer="learner")
+            metrics.inc("learner_trajectories_dead_lettered")
 
     def _commit_group(self) -> None:
         """Mirror the checkpointed positions into the group (lag dashboards only)."""

@@ -17,13 +17,13 @@ def add_arguments(p) -> None:
 def run(args, cfg) -> int:
     from pathlib import Path
 
-    from cluster.errors import KernelRLError
+    from cluster.errors import InputError, KernelRLError
     from sandbox_workers import workspace
     from sandbox_workers.evaluator import Evaluator
 
     task = Path(args.task)
     if not task.is_file():
-        raise KernelRLError(f"--task {str(task)!r}: no such file")
+        raise InputError(f"--task {str(task)!r}: no such file")
     backend = args.backend or cfg.sandbox.backend
     if backend == "cuda":
         import os
@@ -35,8 +35,15 @@ def run(args, cfg) -> int:
                 raise
             except Exception:  # noqa: BLE001 - NVML unavailable: let the child find the GPU itself
                 pass
+    source = task.read_text()
+    try:
+        compile(source, str(task), "exec")
+    except SyntaxError as exc:
+        raise InputError(f"--task {str(task)!r}: not valid Python (line {exc.lineno}: {exc.msg})") from None
+    if not Path(args.solution).is_dir():
+        raise InputError(f"--solution {args.solution!r}: no such folder (it holds model_new.py and kernels/)")
     files = workspace.read_dir(args.solution)
-    result = Evaluator(cfg, backend).evaluate(task.read_text(), files, mode=args.mode)
+    result = Evaluator(cfg, backend).evaluate(source, files, mode=args.mode)
     if args.json:
         print(json.dumps(result, default=str))
     else:

@@ -1,10 +1,11 @@
 """msgpack codec for the message dataclasses, with validation on both ends.
 
-Wire form: ``{"k": kind, "v": schema version, "d": {field: value}}``. A numpy
+Wire form: ``{"k": kind, "v": schema version, "r": oldest reader version, "d": {field: value}}``. A numpy
 array becomes ``{"__nd__": [dtype, shape], "b": raw little-endian bytes}``, so
 a 128k-token trajectory encodes and decodes without per-element work. Unknown
-fields are ignored (a newer sender stays readable); a missing, mistyped or
-oversized field raises ``SchemaError`` naming the field.
+fields are ignored (a newer sender that only added fields keeps "r" and stays
+readable); a record whose "r" (else "v") is newer than the reader's version, or a
+missing, mistyped or oversized field, raises ``SchemaError`` naming the reason.
 """
 from __future__ import annotations
 
@@ -330,7 +331,8 @@ def _validate_outgoing(msg: Any) -> None:
 def encode(msg: Any) -> bytes:
     """Serialize a message dataclass, checking every field by the same rules as decode."""
     _validate_outgoing(msg)
-    body = {"k": msg.KIND, "v": msg.VERSION, "d": _to_wire(type(msg), msg, msg.KIND)}
+    # "r": the oldest reader version that understands this record (changes that only add fields keep it)
+    body = {"k": msg.KIND, "v": msg.VERSION, "r": getattr(msg, "MIN_READER", 1), "d": _to_wire(type(msg), msg, msg.KIND)}
     try:
         return msgpack.packb(body, default=_default, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -356,6 +358,15 @@ def decode(data: bytes, expected: type | None = None) -> Any:
     if not isinstance(version, int) or version < 1:
         raise SchemaError(f"{kind}: bad schema version {version!r}")
     cls = MESSAGE_TYPES[kind]
+    # A newer writer that only added fields says so with "r" (the oldest reader that understands it); one
+    # that does not say is read only by readers of its own version or newer: a record from the future whose
+    # meaning may have changed is dead-lettered, never half-understood.
+    reader = body.get("r", version)
+    if not isinstance(reader, int) or reader < 1:
+        raise SchemaError(f"{kind}: bad reader version {reader!r}")
+    if reader > cls.VERSION:
+        raise SchemaError(f"{kind}: schema version {version} (readable from version {reader}) is newer than this "
+                          f"kernelrl reads ({cls.VERSION}): upgrade this consumer")
     if expected is not None and cls is not expected:
         raise SchemaError(f"expected {expected.KIND}, got {kind}")
     if not isinstance(fields, dict):

@@ -41,9 +41,28 @@ def test_big_endian_and_strided_arrays_are_sent_little_endian():
 def test_unknown_fields_are_tolerated():
     body = msgpack.unpackb(codec.encode(Task(task_id="t1", model_py="x")), raw=False)
     body["d"]["added_in_v9"] = {"whatever": [1, 2]}
-    body["v"] = 9
+    body["v"] = 9  # a newer writer that only added fields says version-1 readers understand it
+    assert body["r"] == 1
     msg = codec.decode(msgpack.packb(body, use_bin_type=True))
     assert msg == Task(task_id="t1", model_py="x")
+
+
+@pytest.mark.parametrize("version, reader", [(99, None), (2, 2), (1, 5)])
+def test_records_from_a_newer_schema_are_refused(version, reader):
+    body = msgpack.unpackb(codec.encode(Task(task_id="t1", model_py="x")), raw=False)
+    body["v"] = version
+    if reader is None:
+        body.pop("r")  # a writer that does not say who can read it: only readers of its own version
+    else:
+        body["r"] = reader
+    with pytest.raises(codec.SchemaError, match="newer than this kernelrl reads"):
+        codec.decode(msgpack.packb(body, use_bin_type=True))
+
+
+def test_records_of_writers_before_reader_versions_still_decode():
+    body = msgpack.unpackb(codec.encode(Task(task_id="t1", model_py="x")), raw=False)
+    body.pop("r")
+    assert codec.decode(msgpack.packb(body, use_bin_type=True)) == Task(task_id="t1", model_py="x")
 
 
 def _tamper(msg, **fields) -> bytes:

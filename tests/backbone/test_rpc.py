@@ -170,3 +170,69 @@ def test_async_client_concurrent_requests_on_uvloop(cfg):
             client.close()
     assert [r.episode_id for r in replies] == [f"ep{i}" for i in range(20)]
     assert ticks >= 10
+
+
+def test_poisoned_request_topic_every_record_is_answered_or_dead_lettered(cfg):
+    """A drill on the real broker: malformed records of every kind between valid requests. Every valid request
+    gets its reply, every other record one dead letter with its reason, and the worker serves on."""
+    import msgpack
+
+    from cluster.bus_scan import committed_offsets, read_topic
+    from cluster.report import durable_invariants
+    from schemas import codec
+    from schemas.messages import now_ms
+
+    def raw(body):
+        return msgpack.packb(body, use_bin_type=True)
+
+    good = codec.encode(req("valid"))
+    body = msgpack.unpackb(good, raw=False)
+    future = dict(body, v=99)
+    future.pop("r")
+    with Bus(cfg) as bus, RequestClient(bus, "actor-drill") as client:
+        def valid(eid):
+            h = RequestHeader(request_id=f"rid-{eid}", reply_topic=client.reply_topic,
+                              reply_partition=client.partition, sender="actor-drill")
+            return CompileRequest(header=h, episode_id=eid, files={"model_new.py": "x = 1\n"})
+
+        poison = {
+            "random bytes": b"\x93\xff\x00garbage",
+            "wrong kind": codec.encode(Task(task_id="t", model_py="m")),
+            "missing field": raw(dict(body, d={k: v for k, v in body["d"].items() if k != "episode_id"})),
+            "version 0": raw(dict(body, v=0)),
+            "version 99": raw(future),
+            "no reply address": codec.encode(CompileRequest(header=RequestHeader(), episode_id="nowhere", files={})),
+            "foreign reply topic": codec.encode(CompileRequest(header=RequestHeader(reply_topic="elsewhere"),
+                                                               episode_id="foreign", files={})),
+            "bad reply partition": codec.encode(CompileRequest(
+                header=RequestHeader(reply_topic=client.reply_topic, reply_partition=999), episode_id="p999", files={})),
+            "expired": codec.encode(CompileRequest(header=RequestHeader(reply_topic=client.reply_topic,
+                                                                        deadline_ms=now_ms() - 60_000),
+                                                   episode_id="late", files={})),
+        }
+        prod = bus.producer()
+        for i, (name, payload) in enumerate(poison.items()):
+            prod.send(T.TOOL_COMPILE, valid(f"v{i}"), key="k", partition=0).get(10)
+            prod.send_bytes(T.TOOL_COMPILE, payload, key="k", partition=0).get(10)
+        prod.send(T.TOOL_COMPILE, valid("last"), key="k", partition=0).get(10)
+        prod.close()
+        with worker(bus, ok, expected=CompileRequest):  # as the compile workers serve
+            letters = dead_letters(bus, len(poison), timeout_s=60)
+            seen = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                seen.append(committed_offsets(bus, bus.group("compile-workers"), T.TOOL_COMPILE).get(0))
+                if seen[-1] == 2 * len(poison) + 1:
+                    break
+                time.sleep(0.2)
+            assert seen[-1] == 2 * len(poison) + 1, f"not every record committed: {seen[-3:]}"
+        replies = {r.msg.episode_id for r in read_topic(bus, T.TOOL_REPLIES) if isinstance(r.msg, CompileResult)}
+        rep = durable_invariants(bus, bus.group("actors"))  # what `kernelrl up`'s report counts from the topics
+    assert (rep["tool_calls_sent"], rep["tool_calls_lost"], rep["tool_calls_dead_lettered"]) == (len(poison) + 5, 0, 4)
+    assert replies == {f"v{i}" for i in range(len(poison))} | {"last"}
+    assert len(letters) == len(poison) and len({x.offset for x in letters}) == len(poison)
+    reasons = "\n".join(sorted(x.error for x in letters))
+    for words in ("undecodable", "unexpected message kind 'task'", "episode_id", "bad schema version 0",
+                  "newer than this kernelrl reads", "without a reply address", "not this cluster's replies topic",
+                  "reply undeliverable", "expired"):
+        assert words in reasons, (words, reasons)

@@ -2,7 +2,9 @@
 CPU sandbox: the run report's invariants hold, also while roles are SIGKILLed."""
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -48,10 +50,52 @@ def test_up_vllm_end_to_end(cfg, tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_up_under_chaos_loses_nothing(cfg, tmp_path):
+def test_up_under_chaos_and_a_broker_kill_loses_nothing(cfg, tmp_path):
+    """Random SIGKILLs of the roles, and a kill -9 of the embedded broker's JVM mid-run: `up` restarts the
+    broker on its port and data, the roles reconnect, and the topics show nothing lost or trained twice."""
+    from cluster import broker
+    from cluster.config import load
+
+    env = cfg_env(cfg)
+    env.pop("KRL__BUS__BOOTSTRAP_SERVERS")  # this run owns an embedded broker of its own
+    env["KRL__BROKER__STATE_DIR"] = str(tmp_path / "broker")
+    report = tmp_path / "report.json"
     # each role is killed at most once, so a short interval cannot starve the run, and a warm ~90 s run
     # still sees several kills (with 35 s, one run finished after a single kill)
-    proc, rep = _up(cfg, tmp_path, "--max-steps", "2", "--policy", "vllm", "--scripted-actors", "1", "--chaos", "15")
+    proc = subprocess.Popen(KERNELRL + FAST + ["up", "--backend", "cpu", "--no-dashboard", "--report", str(report),
+                                               "--max-steps", "2", "--policy", "vllm", "--scripted-actors", "1",
+                                               "--chaos", "15"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    own = load(environ=env)
+    deadline = time.monotonic() + 300
+    while not broker.status(own)["reachable"] and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1)
+    first = broker.status(own)
+    assert first["reachable"], "the run's broker never came up"
+    time.sleep(45)  # the roles are up and consuming
+    os.kill(first["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=1300)
+    assert report.exists(), f"no report; rc={proc.returncode}\n{out[-3000:]}\n{err[-6000:]}"
+    rep = json.loads(report.read_text())
+    assert proc.returncode == 0, (rep, err[-4000:])
+    assert rep["broker_restarts"] == 1 and len(rep["broker_outages_s"]) == 1, rep
     assert sum(rep["chaos_kills"].values()) >= 2, rep["chaos_kills"]
     _check_invariants(rep, 2)
     assert rep["tool_calls_sent"] >= 2
+    assert not broker.status(own)["running"]  # the run's broker (the restarted one) is gone with the run
+
+
+def test_up_reports_a_failed_start_and_exits_non_zero(cfg, tmp_path):
+    """A run that cannot start still writes its report, with the reason, and no traceback."""
+    report = tmp_path / "report.json"
+    env = cfg_env(cfg)
+    env["KRL__ACTOR__POLICY"] = "vllm"
+    env["KRL__CLUSTER__ISOLATE_RUNS"] = "true"
+    env["KRL__BUS__BOOTSTRAP_SERVERS"] = "127.0.0.1:1"  # nothing listens there
+    env["KRL__BUS__REQUEST_TIMEOUT_S"] = "5"
+    proc = subprocess.run(KERNELRL + ["up", "--backend", "cpu", "--no-dashboard", "--report", str(report)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    rep = json.loads(report.read_text())
+    assert rep["ok"] is False and rep["error"], rep

@@ -42,3 +42,21 @@ def test_cli_on_wrong_solution(sandbox_cache, tmp_path):
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["compiled"] and not out["correct"] and out["reward"] == -1
     assert "mismatch" in out["error"]
+
+
+def test_cli_input_errors_are_one_line_not_tracebacks(sandbox_cache, tmp_path):
+    bad = tmp_path / "model.py"
+    bad.write_text("class Model(nn.Module:\n    pass\n")
+    cases = {("--task", str(bad), "--solution", str(EXAMPLE)): "not valid Python (line 1",
+             ("--task", str(tmp_path / "none.py"), "--solution", str(EXAMPLE)): "no such file",
+             ("--task", str(EXAMPLE / "model.py"), "--solution", str(tmp_path / "nope")): "no such folder"}
+    for args, words in cases.items():
+        r = _cli(sandbox_cache, *args, "--backend", "cpu")
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+
+
+def test_up_with_a_missing_task_folder_is_one_line(tmp_path):
+    r = subprocess.run([*KERNELRL, "up", "--tasks", str(tmp_path / "nope")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "--tasks" in r.stderr and "no such folder" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

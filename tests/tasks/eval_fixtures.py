@@ -1,8 +1,11 @@
 """A small task folder with known-good (fast and slow), known-bad and missing solutions.
 
 Speed-ups are built far from 1 so fast_p is exact despite timing noise:
-  1_ReluPlusDeadMatmul  reference = ReLU + 0 * (a 256^3 matmul's sum); the solution only does the ReLU
-                        (OpenMP C++), a few times faster than eager and torch.compile.      correct, fast
+  1_ReluPlusDeadMatmul  reference = ReLU + 0 * (a 512^3 matmul's sum); the solution only does the ReLU
+                        (OpenMP C++), many times faster than eager and torch.compile (the
+                        matmul makes each reference call several ms, so the judge's own
+                        clock, whose protocol overhead varies by a ms or so on a loaded CPU
+                        host, cannot erase the gap).                                       correct, fast
   2_Relu                solution runs a single-threaded 96-step recurrence per element.   correct, slow
   3_ReluWide            solution returns |x| instead of ReLU.                               wrong
   4_Tanh                no solution.                                                        failed
@@ -35,7 +38,7 @@ def get_init_inputs():
 TASKS = {
     "1_ReluPlusDeadMatmul": _REF.format(params=", n", init="        self.w = nn.Parameter(torch.randn(n, n) * 0.01)",
                                         expr="torch.relu(x) + 0.0 * torch.matmul(self.w, self.w).sum()",
-                                        shape="256, 1024", init_inputs="256"),
+                                        shape="256, 1024", init_inputs="512"),
     "2_Relu": _REF.format(params="", init="", expr="torch.relu(x)", shape="256, 2048", init_inputs=""),
     "3_ReluWide": _REF.format(params="", init="", expr="torch.relu(x)", shape="64, 4096", init_inputs=""),
     "4_Tanh": _REF.format(params="", init="", expr="torch.tanh(x)", shape="64, 1024", init_inputs=""),

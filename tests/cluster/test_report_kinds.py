@@ -1,0 +1,26 @@
+"""The run report reads the topics on the real broker: a record of the wrong kind on a topic (a dead letter,
+a task on the trajectories topic) is not counted and does not crash the report."""
+from __future__ import annotations
+
+from schemas import topics
+from schemas.messages import DeadLetter, Task
+from tests.learner.helpers import make_traj
+
+
+def test_report_ignores_records_of_another_kind(make_cfg):
+    from cluster.bus import Bus
+    from cluster.report import durable_invariants
+
+    cfg = make_cfg()
+    bus = Bus(cfg, client_id="test-report")
+    prod = bus.producer()
+    stray = DeadLetter(source_topic="x", partition=0, offset=0, error="test", payload=b"\x00")
+    for topic, msg in ((topics.TRAJECTORIES, make_traj("e0")), (topics.TRAJECTORIES, stray),
+                       (topics.TRAJECTORIES, Task(task_id="t9", model_py="x = 1")), (topics.LEARNER_LOG, stray),
+                       (topics.TOOL_REPLIES, stray), (topics.TASKS, stray), (topics.WEIGHTS, stray)):
+        prod.send(topic, msg, key="k").get(timeout=30)
+    prod.close()
+    rep = durable_invariants(bus, bus.group("actors"))
+    bus.close()
+    assert rep["episodes_finished"] == 1 and rep["trajectory_messages"] == 1
+    assert rep["learner_steps"] == 0 and rep["tool_calls_sent"] == 0 and rep["weight_versions_published"] == 0
