@@ -83,6 +83,13 @@ class BrokerWatch:
         self.down_since = time.time()
         return True
 
+    def pids(self) -> set[int]:
+        """The broker JVM's pid while it runs (a child of this process, never an orphan to kill)."""
+        from cluster import broker
+
+        pid = broker.read_state(self.cfg).get("pid") if self.owned else None
+        return {pid} if pid else set()
+
     def status_line(self) -> str:
         if self.down_since is not None:
             return f"DOWN for {time.time() - self.down_since:.0f} s (restarting)"

@@ -183,7 +183,9 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos_
     # The written config is fully resolved (env and --set included): children must not
     # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    sup = run["sup"] = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env)
+    sup = run["sup"] = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env,
+                                  subreaper=True)
+    sup.keep_pids = run["watch"].pids  # the broker is ours, not an orphan
     for spec in _roles(child):
         sup.add(spec)
     chaos = _Chaos(chaos_every_s, chaos_seed, run["watch"] if chaos_broker else None)
@@ -200,6 +202,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos_
         "chaos_kills": {n: rp.kills for n, rp in sup.roles.items() if rp.kills},
         "chaos_seed": chaos.seed,
         "killed_at_stop": list(sup.killed_at_stop),  # roles that outlived their SIGTERM grace
+        "orphans_killed": list(sup.orphans_killed),  # processes a dead role left behind (a vLLM engine)
         "tasks_fed": feeder.published,
         **run["watch"].report(),
     })

@@ -2,7 +2,9 @@
 
 Used by `kernelrl up` and `kernelrl chaos`. A role that exits on its own is
 restarted (with backoff) unless the supervisor is stopping; stop() sends SIGTERM
-to every role, waits, and SIGKILLs what is left, so no child outlives it.
+to every role, waits, and SIGKILLs what is left, so no child outlives it. With
+``subreaper`` the supervisor also adopts what a dead role left behind (a vLLM
+engine, even one in its own session) and kills it before the role restarts.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cluster.procs import die_with_parent
+from cluster.procs import become_subreaper, children, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,13 @@ class RoleProc:
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path, base_argv: list[str], base_env: dict[str, str] | None = None):
+    def __init__(self, log_dir: Path, base_argv: list[str], base_env: dict[str, str] | None = None,
+                 subreaper: bool = False):
         self.log_dir = Path(log_dir)
+        # adopt orphans only where asked: the flag lasts for the whole process (a test session, say)
+        self.subreaper = subreaper and become_subreaper()
+        self.keep_pids = lambda: set()  # other children of this process that are not orphans (the broker)
+        self.orphans_killed: list[str] = []
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.base_argv = base_argv  # e.g. [python, -m, cluster.cli, --config, X]
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -95,6 +102,7 @@ class Supervisor:
             code = rp.proc.returncode
             if rp.next_start == 0.0:
                 rp.exit_codes.append(code)
+                self._sweep(rp)
                 if rp.spec.main and code == 0:
                     finished.append(rp.spec.name)
                     continue
@@ -107,6 +115,31 @@ class Supervisor:
                 rp.next_start = 0.0
                 self._start(rp)
         return finished
+
+    def _sweep(self, dead: RoleProc) -> None:
+        """Kill what a dead role left behind: its process group, then (as subreaper) the orphans it left."""
+        try:
+            os.killpg(dead.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.subreaper:
+            time.sleep(0.2)  # orphans of a just-dead role are re-parented to us by the kernel
+            self._kill_orphans(dead.spec.name)
+
+    def _kill_orphans(self, whose: str) -> None:
+        for _ in range(5):  # an orphan's own children are re-parented to us in turn
+            keep = {rp.proc.pid for rp in self.roles.values() if rp.alive} | set(self.keep_pids())
+            found = {pid: cmd for pid, cmd in children().items() if pid not in keep}
+            if not found:
+                return
+            for pid, cmd in found.items():
+                log.warning("killing pid %d left behind by %s: %s", pid, whose, cmd)
+                self.orphans_killed.append(f"{whose}: {cmd}")
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError, PermissionError):
+                    pass
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         rp = self.roles[name]
@@ -154,6 +187,8 @@ class Supervisor:
                     os.killpg(rp.proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self.subreaper:
+            self._kill_orphans("a stopped role")
 
 
 def kernelrl_argv(config_path: str | None = None) -> list[str]:

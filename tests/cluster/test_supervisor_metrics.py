@@ -121,3 +121,42 @@ def test_stop_kills_and_names_a_role_that_ignores_sigterm(tmp_path):
     assert sup.killed_at_stop == ["stubborn"]
     assert sup.roles["stubborn"].proc.returncode == -signal.SIGKILL
     assert sup.roles["steady"].proc.returncode == -signal.SIGTERM
+
+
+# A role that leaves a process in its own session behind (as a vLLM engine core may), then waits.
+LEAVER = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(600)
+"""
+
+# The supervisor in a process of its own: the subreaper flag lasts for the process that sets it.
+SUPERVISE = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from cluster.supervisor import RoleSpec, Supervisor
+tmp = Path(sys.argv[1])
+sup = Supervisor(tmp / "logs", [sys.executable, "-c", sys.argv[2]], subreaper=True)
+sup.add(RoleSpec("actor", [str(tmp / "engine.pid")]))
+while not (tmp / "engine.pid").exists() or not (tmp / "engine.pid").read_text():
+    time.sleep(0.05)
+engine = int((tmp / "engine.pid").read_text())
+os.kill(sup.roles["actor"].proc.pid, signal.SIGKILL)   # the role alone dies, as under kill -9
+sup.roles["actor"].proc.wait()
+sup.poll()
+alive = Path(f"/proc/{engine}").exists()
+sup.stop(grace_s=2)
+print(json.dumps({"engine_alive_after_poll": alive, "orphans_killed": sup.orphans_killed}))
+"""
+
+
+def test_what_a_killed_role_leaves_behind_is_killed_before_it_restarts(tmp_path):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", SUPERVISE, str(tmp_path), LEAVER], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["engine_alive_after_poll"] is False, got
+    assert len(got["orphans_killed"]) == 1 and "time.sleep(600)" in got["orphans_killed"][0]
