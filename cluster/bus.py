@@ -337,7 +337,13 @@ class Consumer:
 
     def _on_async_commit(self, offsets, response) -> None:
         if isinstance(response, Exception):
+            from kafka.errors import CommitFailedError
+
             self.stats["commit_failures"] += 1
+            if isinstance(response, CommitFailedError):  # no longer a member: the new owner redoes the work
+                log.warning("async commit refused (this consumer left the group; its records will be served "
+                            "by the partition's new owner): %s", response)
+                return
             log.warning("async commit failed (sent again when the consumer is idle): %s", response)
             for tp, om in offsets.items():
                 self._failed[tp] = max(om.offset, self._failed.get(tp, -1))

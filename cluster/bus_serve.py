@@ -56,7 +56,11 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
     """Run the worker loop until ``stop_event`` is set (or ``max_messages`` are done)."""
     stop_event = stop_event or threading.Event()
     on_error = on_error or default_error_reply
-    consumer = bus.consumer([topic], group_id, expected=expected, **(consumer_overrides or {}))
+    # One request per poll: every poll lets the group coordinator fence this member first, so a worker that
+    # was frozen (SIGSTOP, a long GC) past its session rejoins instead of running a prefetched batch of
+    # requests the group has already given to another worker. A job takes ms to minutes; a poll, microseconds.
+    consumer = bus.consumer([topic], group_id, expected=expected,
+                            **{"max_poll_records": 1, **(consumer_overrides or {})})
     producer = bus.producer(linger_ms=0)
     bus.prepare_dead_letters()
     stats = {"handled": 0, "errors": 0, "expired": 0, "dead_lettered": 0}
@@ -119,7 +123,10 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
                         f"reply_topic is empty): its {type(reply).__name__} had nowhere to go", _reencode(msg),
                         rec.key.encode() if rec.key else None)
     log.debug("handled %s in %.1f ms", type(msg).__name__, (time.monotonic() - t0) * 1000)
-    consumer.commit(rec, sync=False)  # after the reply is acked: at-least-once; async keeps latency low
+    # After the reply is acked: at-least-once. A short job commits asynchronously (latency); a long one waits
+    # for the ack, which fences a member the group dropped during the job (frozen, partitioned) before it
+    # polls the next request: kafka-python's heartbeat may not have told it yet.
+    consumer.commit(rec, sync=time.monotonic() - t0 > 0.1)
 
 
 def _send_reply(bus, producer, rec, header, reply) -> None:
