@@ -154,13 +154,17 @@ def _max_message_bytes(cfg) -> int:
                cfg.topics.weights_max_message_bytes) + 1024 * 1024
 
 
-def server_properties(cfg, data_dir: Path, port: int, cport: int) -> str:
+def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int = 1, voters: str = "",
+                      replicas: int = 1) -> str:
+    """One KRaft node (broker and controller); ``voters`` lists the quorum of a multi-node cluster, whose
+    internal topics get ``replicas`` copies with at least 2 in sync."""
     host = cfg.broker.host
     max_bytes = _max_message_bytes(cfg)
+    isr = 2 if replicas >= 3 else 1
     props = {
         "process.roles": "broker,controller",
-        "node.id": 1,
-        "controller.quorum.voters": f"1@{host}:{cport}",
+        "node.id": node_id,
+        "controller.quorum.voters": voters or f"{node_id}@{host}:{cport}",
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -171,13 +175,16 @@ def server_properties(cfg, data_dir: Path, port: int, cport: int) -> str:
         "num.io.threads": 4,
         "num.partitions": 1,
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": 1,
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": 8,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": isr,
         "transaction.state.log.num.partitions": 4,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": isr,
+        "default.replication.factor": replicas,
+        "min.insync.replicas": isr,
+        "unclean.leader.election.enable": "false",
         "group.initial.rebalance.delay.ms": 0,
         "group.min.session.timeout.ms": 500,
         "message.max.bytes": max_bytes,

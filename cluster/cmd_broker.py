@@ -8,6 +8,9 @@ def add_arguments(p) -> None:
     p.add_argument("action", choices=["fetch", "start", "stop", "status"])
     p.add_argument("--json", action="store_true", help="print the state as JSON")
     p.add_argument("--timeout", type=float, default=30.0, help="stop: seconds to wait before SIGKILL")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="start/stop/status a replicated cluster of N KRaft nodes on loopback (tests, drills); "
+                        "point bus.bootstrap_servers at its bootstrap and set topics.replication_factor=3")
 
 
 def _show(args, data: dict, line: str) -> None:
@@ -22,6 +25,8 @@ def run(args, cfg) -> int:
         _show(args, {"libs": str(libs), "version": cfg.broker.kafka_version},
               f"Kafka {cfg.broker.kafka_version} jars in {libs}")
         return 0
+    if args.nodes > 1:
+        return _cluster(args, cfg)
     if args.action == "start":
         st = broker.start(cfg)
         _show(args, st, f"Kafka {st.get('version')} running at {st.get('bootstrap')} "
@@ -47,3 +52,24 @@ def run(args, cfg) -> int:
         line += f"; roles use bus.bootstrap_servers={cfg.bus.bootstrap_servers}"
     _show(args, st, line)
     return 0 if st["running"] else 3
+
+
+def _cluster(args, cfg) -> int:
+    from cluster import broker_cluster
+
+    if args.action == "fetch":
+        args.nodes = 1
+        return run(args, cfg)
+    if args.action == "start":
+        st = broker_cluster.start(cfg, nodes=args.nodes)
+        _show(args, st, f"Kafka cluster of {len(st['nodes'])} nodes at {st['bootstrap']} (state {st['state_dir']})")
+        return 0
+    if args.action == "stop":
+        res = broker_cluster.stop(cfg, timeout_s=args.timeout)
+        _show(args, res, f"stopped nodes {res['nodes']} {'cleanly' if res['clean'] else '(some after SIGKILL)'}")
+        return 0
+    st = broker_cluster.status(cfg)
+    nodes = st.get("nodes", [])
+    _show(args, st, f"{st['alive']} of {len(nodes)} nodes running at {st.get('bootstrap', '-')}: "
+                    + ", ".join(f"n{n['id']} {'up' if n['running'] else 'DOWN'}" for n in nodes))
+    return 0 if nodes and st["alive"] == len(nodes) else 3

@@ -26,8 +26,10 @@ def specs(cfg) -> list[TopicSpec]:
     base_max = cfg.bus.max_message_bytes + 1024 * 1024
 
     def conf(retention: int, max_bytes: int = base_max) -> dict:
+        # with 3 replicas an acks=all write needs 2 in sync: one broker may die without losing an acked record
         return {"retention.ms": str(retention), "max.message.bytes": str(max_bytes),
-                "compression.type": t.compression, "cleanup.policy": "delete"}
+                "compression.type": t.compression, "cleanup.policy": "delete",
+                "min.insync.replicas": "2" if t.replication_factor >= 3 else "1"}
 
     out = {
         T.TASKS: TopicSpec(T.TASKS, t.partitions, conf(t.retention_ms)),
