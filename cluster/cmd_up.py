@@ -43,7 +43,7 @@ def run(args, cfg) -> int:
             set_value(cfg, path, value)
     report = run_cluster(cfg, chaos_every_s=args.chaos, dashboard=not args.no_dashboard,
                          config_path=args.config, overrides=args.set, chaos_broker=args.chaos_broker,
-                         chaos_seed=args.chaos_seed)
+                         chaos_seed=args.chaos_seed, chaos_repeat=getattr(args, "chaos_repeat", False))
     if report.get("error"):
         print(f"report: {cfg.cluster.report_path}  (the run failed: {report['error']})")
         return 3

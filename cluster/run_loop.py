@@ -137,7 +137,7 @@ def _lags(bus) -> dict:
 
 def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
                 config_path: str | None = None, overrides: list[str] | None = None,
-                chaos_broker: bool = False, chaos_seed: int | None = None) -> dict:
+                chaos_broker: bool = False, chaos_seed: int | None = None, chaos_repeat: bool = False) -> dict:
     """Run the loop and write its report; a failure ends the run with a report saying why, not a traceback."""
     from cluster.broker_watch import BrokerWatch
 
@@ -150,7 +150,8 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
     try:
         owned_broker = _ensure_broker(cfg)
         run["watch"] = BrokerWatch(cfg, owned_broker)
-        return _run(cfg, run_id, run_dir, stop, run, chaos_every_s, dashboard, chaos_broker, chaos_seed)
+        chaos = _Chaos(chaos_every_s, chaos_seed, run["watch"] if chaos_broker else None, repeat=chaos_repeat)
+        return _run(cfg, run_id, run_dir, stop, run, chaos, dashboard)
     except Exception as exc:  # noqa: BLE001 - every way the run can end gets a report saying why
         log.error("the run failed: %s: %s", type(exc).__name__, exc)
         log.debug("the run failed", exc_info=True)
@@ -167,8 +168,7 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
             broker.stop(cfg)
 
 
-def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos_every_s: float, dashboard: bool,
-         chaos_broker: bool, chaos_seed: int | None) -> dict:
+def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos: "_Chaos", dashboard: bool) -> dict:
     from cluster.bus import Bus
     from cluster.feeder import Feeder, load_task_files
 
@@ -188,7 +188,6 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos_
     sup.keep_pids = run["watch"].pids  # the broker is ours, not an orphan
     for spec in _roles(child):
         sup.add(spec)
-    chaos = _Chaos(chaos_every_s, chaos_seed, run["watch"] if chaos_broker else None)
     snaps = _watch(sup, bus, feeder, child, stop, chaos, run["watch"],
                    Dashboard(every_s=2.0 if dashboard else 10.0))
     feeder.stop()
@@ -225,10 +224,11 @@ def _failure_report(run_id: str, run_dir: Path, stop: _Stop, run: dict, exc: Exc
 
 
 class _Chaos:
-    """Random SIGKILLs: each role (and the broker with --broker) once, at a random moment, from a logged seed."""
+    """Random SIGKILLs from a logged seed: each role (and the broker with --broker) once at a random moment,
+    or, with ``repeat`` (`kernelrl chaos --every S`), a victim every ~S seconds for the whole run."""
 
-    def __init__(self, every_s: float, seed: int | None, broker_watch=None) -> None:
-        self.every_s, self.broker = every_s, broker_watch
+    def __init__(self, every_s: float, seed: int | None, broker_watch=None, repeat: bool = False) -> None:
+        self.every_s, self.broker, self.repeat = every_s, broker_watch, repeat
         self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
         self.rng = random.Random(self.seed)
         self.next = time.time() + every_s if every_s else float("inf")
@@ -241,8 +241,9 @@ class _Chaos:
             return
         # Each role is killed once: on small machines a role killed again and again (the learner, say)
         # could never finish a step between kills.
-        victims = [n for n, rp in sup.roles.items() if rp.alive and rp.kills < 1]
-        if self.broker is not None and self.broker.owned and self.broker.kills < 1:
+        victims = [n for n, rp in sup.roles.items() if rp.alive and (self.repeat or rp.kills < 1)]
+        if self.broker is not None and self.broker.owned and (self.repeat or self.broker.kills < 1) \
+                and self.broker.alive():
             victims.append("<broker>")
         victim = self.rng.choice(sorted(victims) or [None])
         if victim == "<broker>":
