@@ -54,18 +54,26 @@ def _state_file(cfg) -> Path:
 
 # ----------------------------------------------------------------------------- state
 
-def read_state(cfg) -> dict:
+def read_json(path: Path) -> dict:
     try:
-        return json.loads(_state_file(cfg).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_state(cfg, state: dict) -> None:
-    path = _state_file(cfg)
+def write_json(path: Path, state: dict) -> None:
+    """Atomically: a reader never sees half a state file."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, path)
+
+
+def read_state(cfg) -> dict:
+    return read_json(_state_file(cfg))
+
+
+def _write_state(cfg, state: dict) -> None:
+    write_json(_state_file(cfg), state)
 
 
 def pid_alive(pid: int | None) -> bool:

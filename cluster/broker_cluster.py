@@ -9,7 +9,6 @@ that died, on their own addresses and data.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -34,17 +33,11 @@ def _state_path(cfg) -> Path:
 
 
 def read_state(cfg) -> dict:
-    try:
-        return json.loads(_state_path(cfg).read_text())
-    except (OSError, ValueError):
-        return {}
+    return broker.read_json(_state_path(cfg))
 
 
 def _write_state(cfg, state: dict) -> None:
-    path = _state_path(cfg)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, path)
+    broker.write_json(_state_path(cfg), state)
 
 
 def status(cfg) -> dict:

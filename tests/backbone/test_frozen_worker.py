@@ -12,6 +12,7 @@ from pathlib import Path
 
 from schemas import topics as T
 from schemas.messages import CompileRequest, RequestHeader
+from tests.backbone.test_bus import _wait
 from tests.conftest import cfg_env
 
 WORKER = r"""
@@ -37,15 +38,6 @@ serve(bus, T.TOOL_COMPILE, bus.group("compile-workers"), handle, stop, expected=
 
 def _lines(p: Path, word: str) -> list[str]:
     return [ln.split()[1] for ln in p.read_text().splitlines() if ln.startswith(word)] if p.exists() else []
-
-
-def _wait(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_frozen_worker_takes_no_stale_work_after_sigcont(make_cfg, tmp_path):
