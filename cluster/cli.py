@@ -83,7 +83,22 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(exc, "user_facing", False):
             print(f"kernelrl {args.command}: {exc}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 1))
+        if _unreachable_broker(exc):
+            print(f"kernelrl {args.command}: cannot reach Kafka at {cfg.bus.bootstrap_servers or 'the embedded broker'}"
+                  f" ({type(exc).__name__}: {exc}). Is it running (`kernelrl broker status`)? Is "
+                  "bus.bootstrap_servers (KRL__BUS__BOOTSTRAP_SERVERS) right?", file=sys.stderr)
+            return 1
         raise
+
+
+def _unreachable_broker(exc: BaseException) -> bool:
+    """kafka-python's ways of saying no broker answered at the bootstrap address."""
+    errors = sys.modules.get("kafka.errors")
+    if errors is None:
+        return False
+    if isinstance(exc, getattr(errors, "NoBrokersAvailable", ())):
+        return True
+    return isinstance(exc, errors.KafkaTimeoutError) and "bootstrap" in str(exc).lower()
 
 
 if __name__ == "__main__":

@@ -30,8 +30,12 @@ def run(args, cfg) -> int:
     from cluster.errors import InputError
     from cluster.run_loop import run_cluster
 
-    if args.tasks is not None and not Path(args.tasks).is_dir():
-        raise InputError(f"--tasks {args.tasks!r}: no such folder (it holds the task files to train on)")
+    if args.tasks is not None:
+        from cluster.feeder import load_task_files
+
+        if not Path(args.tasks).is_dir():
+            raise InputError(f"--tasks {args.tasks!r}: no such folder (it holds the task files to train on)")
+        load_task_files(args.tasks)  # every file parses, before the broker and the roles start
 
     for flag, path in (("backend", "sandbox.backend"), ("policy", "actor.policy"), ("max_steps", "cluster.max_steps"),
                        ("duration", "cluster.duration_s"), ("report", "cluster.report_path"),

@@ -18,9 +18,11 @@ log = logging.getLogger(__name__)
 
 def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
     """Read KernelBench-style task files (``*.py`` with a ``Model``) from a folder tree."""
+    from cluster.errors import InputError
+
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"task folder {str(folder)!r} does not exist")
+        raise InputError(f"task folder {str(folder)!r} does not exist")
     if (folder / "index.json").is_file():  # a kernelrl task set (e.g. the built-in one): its index says
         from actors.tasks.dataset import load_tasks  # which tasks are sized for this backend
 
@@ -30,11 +32,15 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
         text = path.read_text()
         if "class Model" not in text or "def get_inputs" not in text:
             continue
+        try:  # a task that does not parse fails every episode: refuse the folder now, naming the file
+            compile(text, str(path), "exec")
+        except SyntaxError as exc:
+            raise InputError(f"task file {str(path)!r} is not valid Python (line {exc.lineno}: {exc.msg})") from None
         level = next((int(p[5:]) for p in path.parts if p.startswith("level") and p[5:].isdigit()), 0)
         tasks.append(Task(task_id=path.stem, model_py=text, backend=backend, level=level, name=path.stem,
                           source=str(path.relative_to(folder))))
     if not tasks:
-        raise FileNotFoundError(f"no task files (class Model + get_inputs) under {str(folder)!r}")
+        raise InputError(f"no task files (class Model + get_inputs) under {str(folder)!r}")
     return tasks
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 from tests.conftest import KERNELRL
 from tests.sandbox.conftest import fast_sandbox
@@ -55,8 +56,16 @@ def test_cli_input_errors_are_one_line_not_tracebacks(sandbox_cache, tmp_path):
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
 
 
-def test_up_with_a_missing_task_folder_is_one_line(tmp_path):
+def test_up_with_a_missing_or_broken_task_folder_is_one_line(tmp_path):
     r = subprocess.run([*KERNELRL, "up", "--tasks", str(tmp_path / "nope")], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "--tasks" in r.stderr and "no such folder" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "1_Ok.py").write_text((EXAMPLE / "model.py").read_text())
+    (tmp_path / "tasks" / "2_Broken.py").write_text("class Model(nn.Module:\n    pass\n\ndef get_inputs():\n    pass\n")
+    t0 = time.monotonic()
+    r = subprocess.run([*KERNELRL, "up", "--tasks", str(tmp_path / "tasks")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "2_Broken.py" in r.stderr and "not valid Python (line 1" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and time.monotonic() - t0 < 60  # refused before any broker or role starts
