@@ -7,8 +7,8 @@ request's ``header.reply_topic``/``reply_partition``, waits for the ack, then co
 error becomes an error reply (``on_error`` or the defaults below), or a DeadLetter
 when no error reply can be built. Every consumed request is answered or dead-lettered
 with its reason: expired ones (past their deadline), ones without a reply address or
-with one that is not this cluster's replies topic, and ones whose reply the broker refuses. ``stop_event`` (set from a SIGTERM handler) ends the loop between
-messages: what was not finished is not committed and will be redelivered.
+with one that is not this cluster's replies topic, and ones whose reply the broker
+refuses. ``stop_event`` (set from a SIGTERM handler) ends the loop between messages: what was not finished is not committed and will be redelivered.
 """
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
         late = now_ms() - header.deadline_ms
         log.info("skipping expired request %s (%d ms late)", header.request_id, late)
         # kept with its reason: every consumed request is answered or dead-lettered, none silently dropped
-        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"expired: its deadline passed {late} ms before "
-                        "a worker reached it (the client has given up)", b"", rec.key.encode() if rec.key else None)
+        _letter(bus, rec, f"expired: its deadline passed {late} ms before a worker reached it (the client has "
+                "given up)", b"")
         consumer.commit(rec, sync=False)
         return
     t0 = time.monotonic()
@@ -112,16 +112,14 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
         log.warning("handler failed on %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc, exc_info=True)
         reply = on_error(msg, exc) if header is not None else None
         if reply is None:
-            bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"handler: {type(exc).__name__}: {exc}",
-                            _reencode(msg), rec.key.encode() if rec.key else None)
+            _letter(bus, rec, f"handler: {type(exc).__name__}: {exc}")
     if reply is not None and header is not None and header.reply_topic:
         if hasattr(reply, "request_id") and not reply.request_id:
             reply.request_id = header.request_id
         _send_reply(bus, producer, rec, header, reply)
     elif reply is not None:
-        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, "request without a reply address (header."
-                        f"reply_topic is empty): its {type(reply).__name__} had nowhere to go", _reencode(msg),
-                        rec.key.encode() if rec.key else None)
+        _letter(bus, rec, f"request without a reply address (header.reply_topic is empty): its "
+                f"{type(reply).__name__} had nowhere to go")
     log.debug("handled %s in %.1f ms", type(msg).__name__, (time.monotonic() - t0) * 1000)
     # After the reply is acked: at-least-once. A short job commits asynchronously (latency); a long one waits
     # for the ack, which fences a member the group dropped during the job (frozen, partitioned) before it
@@ -139,8 +137,7 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     replies = bus.topic(topics.TOOL_REPLIES)
     if header.reply_topic not in (replies, topics.TOOL_REPLIES):
         # a reply is only ever sent to this cluster's replies topic, never where a record says
-        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"reply_topic {header.reply_topic!r} is not this "
-                        f"cluster's replies topic {replies!r}", _reencode(rec.msg), rec.key.encode() if rec.key else None)
+        _letter(bus, rec, f"reply_topic {header.reply_topic!r} is not this cluster's replies topic {replies!r}")
         return
     try:
         producer.send(header.reply_topic, reply, key=header.sender or None,
@@ -148,9 +145,14 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: transient ones re-raise
         if is_retriable(exc):
             raise
-        bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, f"reply undeliverable to {header.reply_topic!r}"
-                        f"[{header.reply_partition}]: {type(exc).__name__}: {exc}", _reencode(rec.msg),
-                        rec.key.encode() if rec.key else None)
+        _letter(bus, rec, f"reply undeliverable to {header.reply_topic!r}[{header.reply_partition}]: "
+                f"{type(exc).__name__}: {exc}")
+
+
+def _letter(bus, rec, why: str, payload: bytes | None = None) -> None:
+    """Dead-letter the consumed request ``rec`` with its reason (and, by default, the request itself)."""
+    bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, why, _reencode(rec.msg) if payload is None else payload,
+                    rec.key.encode() if rec.key else None)
 
 
 def _reencode(msg) -> bytes:

@@ -85,8 +85,9 @@ class LearnerRole:
         while self.ingest.rejected:
             part, off, why = self.ingest.rejected.pop(0)
             payload = codec.encode(rec.msg) if (part, off) == (rec.partition, rec.offset) else b""
-            self.bus.dead_letter(topics.TRAJECTORIES, part, off, f"invalid trajectory: {why}", payload,
-                                 consumer="learner")
+            # the full topic name, as the consumers' and workers' letters carry (the report matches on it)
+            self.bus.dead_letter(rec.raw_topic or self.bus.topic(topics.TRAJECTORIES), part, off,
+                                 f"invalid trajectory: {why}", payload, consumer="learner")
             metrics.inc("learner_trajectories_dead_lettered")
 
     def _commit_group(self) -> None:
