@@ -45,13 +45,15 @@ class EpisodeLimits:
     mode: str = "multi_turn"
     reward_from: str = "final"
     max_observation_chars: int = 8000
+    final_eval_mode: str = "both"
 
     @classmethod
     def from_config(cls, acfg: Any, *, evaluation: bool = False) -> "EpisodeLimits":
         return cls(max_turns=acfg.eval_max_turns if evaluation else acfg.max_turns,
                    max_context_tokens=acfg.max_context_tokens, max_new_tokens=acfg.max_new_tokens,
                    mode=acfg.episode_mode, reward_from=acfg.reward_from,
-                   max_observation_chars=acfg.max_observation_chars)
+                   max_observation_chars=acfg.max_observation_chars,
+                   final_eval_mode=getattr(acfg, "final_eval_mode", "both"))
 
 
 def task_prompt(task: Task, single_turn: bool) -> str:
@@ -174,12 +176,13 @@ class Episode:
             files = self.workspace.solution_files()
             digest = Workspace.digest(files)
             evals = self.remote.evaluations
-            covered = bool(evals) and evals[-1].mode == "both" and evals[-1].digest == digest
+            mode = self.limits.final_eval_mode
+            covered = bool(evals) and evals[-1].mode in {mode, "both"} and evals[-1].digest == digest
             untouched = digest == self.workspace.initial_digest  # the template as given: nothing to score
             if "model_new.py" in files and not covered and not untouched:
                 t0 = time.monotonic()
                 faults = len(self.remote.infra_faults)
-                rec, text = await self.remote.evaluate("both")
+                rec, text = await self.remote.evaluate(mode)
                 self.stats["final_eval_s"] = time.monotonic() - t0
                 self.stats["final_eval_text"] = text[:2000]
                 if rec is None and len(self.remote.infra_faults) > faults:

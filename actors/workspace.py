@@ -36,8 +36,12 @@ def skill_text(backend: str, skills_dir: Path = SKILLS_DIR) -> str:
 
 
 def single_turn_skill_text(backend: str, skills_dir: Path = SKILLS_DIR) -> str:
-    p = skills_dir / "SKILL_single_turn.md"
-    return p.read_text() if p.is_file() else skill_text(backend, skills_dir)
+    """The short instructions of single-turn mode (the whole solution in one reply): the backend's own,
+    else a shared one, else the multi-turn SKILL.md."""
+    for p in (skills_dir / "templates" / backend / "SKILL_single_turn.md", skills_dir / "SKILL_single_turn.md"):
+        if p.is_file():
+            return p.read_text()
+    return skill_text(backend, skills_dir)
 
 
 @dataclass

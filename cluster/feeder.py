@@ -16,6 +16,21 @@ from schemas import Task, topics
 log = logging.getLogger(__name__)
 
 
+SOLUTION_SUFFIX = ".solution"  # <task>.solution/ beside <task>.py: a correct solution, replayed as a demonstration
+
+
+def read_solution(folder: Path) -> dict[str, str]:
+    """A solution folder's model_new.py and kernels/* as {path: text} ({} when there is none)."""
+    if not folder.is_dir():
+        return {}
+    files = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and (rel == "model_new.py" or rel.startswith("kernels/")):
+            files[rel] = p.read_text()
+    return files
+
+
 def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
     """Read KernelBench-style task files (``*.py`` with a ``Model``) from a folder tree."""
     from cluster.errors import InputError
@@ -29,6 +44,8 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
         return [e.to_message() for e in load_tasks(folder, backend=backend)]
     tasks = []
     for path in sorted(folder.rglob("*.py")):
+        if any(part.endswith(SOLUTION_SUFFIX) for part in path.relative_to(folder).parts):
+            continue  # a demonstration's files, not a task
         text = path.read_text()
         if "class Model" not in text or "def get_inputs" not in text:
             continue
@@ -37,8 +54,9 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
         except SyntaxError as exc:
             raise InputError(f"task file {str(path)!r} is not valid Python (line {exc.lineno}: {exc.msg})") from None
         level = next((int(p[5:]) for p in path.parts if p.startswith("level") and p[5:].isdigit()), 0)
+        demo = read_solution(path.with_name(path.stem + SOLUTION_SUFFIX))
         tasks.append(Task(task_id=path.stem, model_py=text, backend=backend, level=level, name=path.stem,
-                          source=str(path.relative_to(folder))))
+                          source=str(path.relative_to(folder)), metadata={"demonstration": demo} if demo else {}))
     if not tasks:
         raise InputError(f"no task files (class Model + get_inputs) under {str(folder)!r}")
     return tasks

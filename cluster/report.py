@@ -82,9 +82,40 @@ def durable_invariants(bus, actor_group: str) -> dict:
         "tool_calls_pending_at_stop": len(req_ids - consumed_req_ids - reply_ids),
         "weight_versions_published": len({r.msg.version for r in weights}),
         "reward_histogram": dict(sorted(rewards.items(), key=lambda kv: _reward_key(kv[0]))),
-        "learner_curve": [{"step": r.msg.step, **{k: v for k, v in r.msg.metrics.items()
-                                                 if isinstance(v, (int, float))}} for r in steps],
+        "learner_curve": [{"step": r.msg.step, "stage": r.msg.stage, **{k: v for k, v in r.msg.metrics.items()
+                                                                     if isinstance(v, (int, float))}} for r in steps],
+        "learning": learning_curve(list(episodes.values()), [r.msg for r in steps]),
     }
+
+
+def learning_curve(trajectories: list, steps: list) -> dict:
+    """Pass rate (reward > 0) of the policy's own episodes per policy version they were sampled with,
+    and which stage made each version: the evidence that the loop learns.
+
+    Own episodes are trainable ones (the engine's own tokens) that are not demonstrations; an episode
+    counts for the version it started with. Undetermined rewards are left out."""
+    by_version: dict[int, list[float]] = {}
+    demos = [t for t in trajectories if t.metadata.get("demonstration")]
+    for t in trajectories:
+        meta = t.metadata
+        if meta.get("demonstration") or not meta.get("trainable", True) or t.reward_status == REWARD_UNDETERMINED:
+            continue
+        by_version.setdefault(int(meta.get("version_start", 0)), []).append(float(t.reward))
+    made_by = {}  # version -> the stage of the step that published it
+    for st in sorted(steps, key=lambda s: s.step):
+        made_by.setdefault(st.policy_version, st.stage)
+    rows = [{"version": v, "stage": made_by.get(v, "initial" if v == 0 else ""), "episodes": len(rs),
+             "pass_rate": sum(r > 0 for r in rs) / len(rs), "mean_reward": sum(rs) / len(rs)}
+            for v, rs in sorted(by_version.items())]
+    return {"by_version": rows, "demonstrations": len(demos),
+            "demonstrations_passed": sum(1 for t in demos if t.reward > 0)}
+
+
+def pass_rate(rows: list[dict], first: int = 0, last: int = 0) -> tuple[float, int]:
+    """(pass rate, episodes) pooled over the first or last N versions of ``learning.by_version`` rows."""
+    pick = rows[:first] if first else rows[-last:] if last else rows
+    n = sum(r["episodes"] for r in pick)
+    return (sum(r["pass_rate"] * r["episodes"] for r in pick) / n if n else 0.0), n
 
 
 def _reward_key(key: str) -> tuple[int, float]:
@@ -143,6 +174,22 @@ def plot(report: dict, out_prefix: Path) -> list[str]:
             ax.set_xlabel("step")
         fig.tight_layout()
         p = f"{out_prefix}-learner.png"
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        paths.append(p)
+    rows = report.get("learning", {}).get("by_version", [])
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for stage in dict.fromkeys(r["stage"] for r in rows):
+            pts = [(r["version"], r["pass_rate"]) for r in rows if r["stage"] == stage]
+            ax.plot([v for v, _ in pts], [p for _, p in pts], marker="o", linestyle="-", label=stage or "?")
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("policy version the episode was sampled with")
+        ax.set_ylabel("pass rate (reward > 0)")
+        ax.set_title("the policy's own episodes")
+        ax.legend(title="version made by")
+        fig.tight_layout()
+        p = f"{out_prefix}-learning.png"
         fig.savefig(p, dpi=100)
         plt.close(fig)
         paths.append(p)

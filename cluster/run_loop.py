@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 ACTOR_GROUP = "actors"
 TINY_MAX_TURNS, TINY_MAX_NEW_TOKENS, TINY_BATCH = 4, 64, 4
+REAL_MAX_NEW_TOKENS, REAL_MAX_CONTEXT, REAL_KV_CACHE_MB, REAL_LOGIT_CHUNK = 256, 4096, 512, 512
 DEMO_SCRIPT = ('<tool_call>{"name": "compile", "arguments": {}}</tool_call>',
                '<tool_call>{"name": "verify", "arguments": {}}</tool_call>',
                '<tool_call>{"name": "finish", "arguments": {}}</tool_call>')
@@ -49,7 +50,24 @@ def _child_config(cfg: Config, run_id: str) -> Config:
     child.bus.bootstrap_servers = broker.bootstrap_servers(cfg)
     if cfg.cluster.isolate_runs:
         child.bus.topic_prefix = f"{cfg.bus.topic_prefix}{run_id}."
-    if child.actor.policy == "vllm" and not child.actor.model_path:
+    from cluster.model_import import is_tiny, resolve_model_path
+
+    # Named built-ins ("smollm2", "tiny") become folders here, once, before any role starts.
+    if is_tiny(child.actor.model_path):
+        child.actor.model_path = ""  # the tiny model, with its episode caps below
+    child.actor.model_path = resolve_model_path(cfg, child.actor.model_path)
+    child.learner.model_path = resolve_model_path(cfg, child.learner.model_path)
+    child.learner.critic_model_path = resolve_model_path(cfg, child.learner.critic_model_path)
+    if child.actor.policy == "vllm" and not child.actor.model_path and not is_tiny(cfg.cluster.model):
+        from cluster.errors import InputError
+        from cluster.model_import import BUILTINS
+
+        if cfg.cluster.model.strip().lower() not in BUILTINS and not os.path.isdir(cfg.cluster.model):
+            raise InputError(f"cluster.model: {cfg.cluster.model!r} is neither a built-in model "
+                             f"({', '.join(sorted(BUILTINS))}, tiny) nor a model folder")
+        child.actor.model_path = resolve_model_path(cfg, cfg.cluster.model)
+        _real_model_caps(child)
+    elif child.actor.policy == "vllm" and not child.actor.model_path:
         from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
 
         child.actor.model_path = str(build_tiny_model(default_tiny_model_dir(cfg)))
@@ -62,7 +80,33 @@ def _child_config(cfg: Config, run_id: str) -> Config:
                  child.actor.max_new_tokens, child.learner.batch_trajectories)
     if not child.learner.model_path:
         child.learner.model_path = child.actor.model_path
+    if child.learner.stages:  # the schedule decides how long the learner runs
+        from learner.stages import Schedule
+
+        child.cluster.max_steps = Schedule.from_config(child.learner).total_steps
     return child
+
+
+def _real_model_caps(child: Config) -> None:
+    """`kernelrl up`'s default model (cluster.model) on a CPU machine: single-turn episodes (the recipe's
+    warm-up form: one reply holding the whole solution) of at most REAL_MAX_NEW_TOKENS, small batches, and a
+    KV cache that holds the context, so a 2-core laptop finishes the default run in minutes. A model the user
+    names in actor.model_path runs with the configuration as given."""
+    if child.sandbox.backend != "cpu":
+        return
+    a = child.actor
+    a.episode_mode = "single_turn"
+    a.max_new_tokens = min(a.max_new_tokens, REAL_MAX_NEW_TOKENS)
+    a.max_context_tokens = min(a.max_context_tokens, REAL_MAX_CONTEXT)
+    a.kv_cache_mb = max(a.kv_cache_mb, REAL_KV_CACHE_MB)
+    lc = child.learner
+    lc.batch_trajectories = min(lc.batch_trajectories, TINY_BATCH)
+    # a 49k-token vocabulary: [positions, vocab] fp32 logits are 200 KB per position; one episode per
+    # micro-batch and 512 positions per log-prob chunk bound the learner's peak
+    lc.token_budget = min(lc.token_budget, a.max_context_tokens)
+    lc.logit_chunk = min(lc.logit_chunk, REAL_LOGIT_CHUNK)
+    log.info("model %s on CPU: single-turn episodes of <= %d tokens, batches of %d", a.model_path, a.max_new_tokens,
+             lc.batch_trajectories)
 
 
 def _roles(cfg: Config) -> list[RoleSpec]:
@@ -188,6 +232,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
     sup.keep_pids = run["watch"].pids  # the broker is ours, not an orphan
     for spec in _roles(child):
         sup.add(spec)
+    demos = _start_demonstrations(child, tasks)
     snaps = _watch(sup, bus, feeder, child, stop, chaos, run["watch"],
                    Dashboard(every_s=2.0 if dashboard else 10.0))
     feeder.stop()
@@ -203,11 +248,46 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
         "killed_at_stop": list(sup.killed_at_stop),  # roles that outlived their SIGTERM grace
         "orphans_killed": list(sup.orphans_killed),  # processes a dead role left behind (a vLLM engine)
         "tasks_fed": feeder.published,
+        "demonstrations": demos.result if demos is not None else None,
         **run["watch"].report(),
     })
     result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0
                     and result["tool_calls_lost"] == 0 and result["trajectories_trained_twice"] == 0)
     return report_mod.write(result, cfg.cluster.report_path)
+
+
+class _Demonstrations(threading.Thread):
+    """Replays the tasks' known solutions as RFT demonstrations while the roles start (actors/demos.py)."""
+
+    def __init__(self, cfg: Config, tasks: list, count: int) -> None:
+        super().__init__(name="demonstrations", daemon=True)
+        self.cfg, self.tasks, self.count, self.result = cfg, tasks, count, None
+
+    def run(self) -> None:
+        from actors.demos import publish_demonstrations
+
+        try:
+            self.result = publish_demonstrations(self.cfg, self.tasks, self.count,
+                                                 self.cfg.actor.model_path or self.cfg.learner.model_path)
+            log.info("demonstrations: %s", self.result)
+        except Exception as exc:  # noqa: BLE001 - RFT then trains on fewer demonstrations; the report says why
+            log.error("demonstrations failed: %s: %s", type(exc).__name__, exc)
+            self.result = {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _start_demonstrations(cfg: Config, tasks: list) -> _Demonstrations | None:
+    """Demonstrations are replayed when the schedule has an RFT stage and some task has a solution."""
+    from learner.stages import Schedule
+
+    schedule = Schedule.from_config(cfg.learner)
+    rft_steps = sum(p.steps for p in schedule.plans if p.stage == "rft") or \
+        (cfg.cluster.max_steps if cfg.learner.stage == "rft" and not schedule.plans else 0)
+    count = cfg.cluster.demonstrations or rft_steps * cfg.learner.batch_trajectories
+    if not rft_steps or count <= 0 or not any((t.metadata or {}).get("demonstration") for t in tasks):
+        return None
+    demos = _Demonstrations(cfg, tasks, count)
+    demos.start()
+    return demos
 
 
 def _failure_report(run_id: str, run_dir: Path, stop: _Stop, run: dict, exc: Exception) -> dict:

@@ -260,7 +260,9 @@ def run_bench(args, cfg) -> dict:
         elif o.model == "random-0.5b":
             model_path = _random_model(tmp / "random-0.5b", tiny)
         else:
-            model_path = o.model
+            from cluster.model_import import resolve_model_path
+
+            model_path = resolve_model_path(cfg, o.model)  # a folder, or a built-in such as "smollm2"
         train = _bench_training(cfg, model_path, o)
         trainer = train.pop("trainer")
         n_params = sum(p.numel() for p in trainer.policy_module().parameters())

@@ -43,7 +43,10 @@ def run(args, cfg) -> int:
     rank, world = eng.rank_world()
     if rank == 0:
         metrics.serve_from_env("learner", stage=cfg.learner.stage, world=str(world))
-    model = args.model or model_path_for(cfg)
+    from cluster.model_import import resolve_model_path
+
+    model = resolve_model_path(cfg, args.model) if args.model else model_path_for(cfg)
+    cfg.learner.critic_model_path = resolve_model_path(cfg, cfg.learner.critic_model_path)
     ckpt_dir = ensure_dir(args.checkpoint_dir or default_ckpt_dir(cfg))
     bus = Bus(cfg, client_id=f"learner-{rank}") if rank == 0 else None
     role = LearnerRole(cfg, model, ckpt_dir, bus)

@@ -79,13 +79,23 @@ class Ingest:
                 reason, sample = "duplicate", None
             else:
                 reason = stage_rejects(sample, self.stage)
-                if not reason:
-                    self._pending_ids.add(sample.episode_id)
-        self._buf.append((partition, offset, sample if not reason else None, reason))
+                self._pending_ids.add(sample.episode_id)
+        # A sample the current stage rejects stays buffered with its reason: a stage switch may accept it.
+        self._buf.append((partition, offset, sample, reason))
+
+    def set_stage(self, stage: str) -> None:
+        """Switch stage filters; buffered, not yet consumed samples are judged again by the new stage."""
+        self.stage = stage
+        buf = deque()
+        for part, off, sample, reason in self._buf:
+            if sample is not None:
+                reason = stage_rejects(sample, stage)
+            buf.append((part, off, sample, reason))
+        self._buf = buf
 
     def ready(self) -> int:
         """How many buffered samples may be trainable (before the staleness check at take time)."""
-        return sum(1 for _, _, s, _ in self._buf if s is not None)
+        return sum(1 for _, _, s, reason in self._buf if s is not None and not reason)
 
     def take(self, n: int, policy_version: int) -> list[Sample]:
         """Pop up to n trainable samples; every record passed over is accounted and its offset consumed."""
@@ -94,21 +104,26 @@ class Ingest:
             part, off, sample, reason = self._buf.popleft()
             if sample is not None:
                 self._pending_ids.discard(sample.episode_id)
+                self.seen.add(sample.episode_id)
+            if sample is not None and not reason:
                 lag = policy_version - sample.min_version
-                if lag > self.max_staleness:
+                # RFT is supervised on filtered samples: the behaviour policy is not in its loss, so old
+                # samples (demonstrations included) are not stale there.
+                if lag > self.max_staleness and self.stage != "rft":
                     reason = "stale"
                     self.last_dropped_stale.append(sample.episode_id)
-                    self.seen.add(sample.episode_id)
                 else:
                     self.staleness[max(lag, 0)] += 1
-                    self.seen.add(sample.episode_id)
                     out.append(sample)
             if reason:
                 self.dropped[reason] += 1
             self.positions[part] = max(self.positions.get(part, 0), off + 1)
         # Records dropped right behind the last taken sample are consumed too (nothing to wait for).
-        while self._buf and self._buf[0][2] is None:
-            part, off, _, reason = self._buf.popleft()
+        while self._buf and self._buf[0][3]:
+            part, off, sample, reason = self._buf.popleft()
+            if sample is not None:
+                self._pending_ids.discard(sample.episode_id)
+                self.seen.add(sample.episode_id)
             self.dropped[reason] += 1
             self.positions[part] = max(self.positions.get(part, 0), off + 1)
         return out

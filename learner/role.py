@@ -19,6 +19,7 @@ from cluster import metrics
 from learner import checkpoint as ckpt
 from learner import engine as eng
 from learner.ingest import Ingest
+from learner.stages import Schedule
 from schemas import topics
 from schemas.messages import TrainStep, Trajectory
 
@@ -40,7 +41,10 @@ class LearnerRole:
         state = ckpt.load(self.trainer, ckpt_dir) or {}
         self.step = int(state.get("step", 0))
         self.version = int(state.get("policy_version", 0))
-        self.ingest = Ingest.from_state(cfg.learner.stage, cfg.learner.max_staleness, state.get("ingest"))
+        self.schedule = Schedule.from_config(cfg.learner)
+        self.ingest = Ingest.from_state(self.schedule.at(self.step).stage, cfg.learner.max_staleness,
+                                        state.get("ingest"))
+        self._enter_stage()
         self.ingest.seen.limit = cfg.learner.seen_ids_limit
         self.ingest.vocab_size = int(getattr(self.trainer.policy_module().config, "vocab_size", 0) or 0)
         self._undetermined_counted = self.ingest.skipped_undetermined  # this process's counter starts here
@@ -52,6 +56,17 @@ class LearnerRole:
             self.producer = bus.producer(linger_ms=5)
             self.consumer = self._open_consumer()
         self.publisher = Publisher(cfg, self.producer)
+
+    def _enter_stage(self) -> None:
+        """Objective, learning rate and filters of the stage the next step belongs to (the schedule's)."""
+        plan = self.schedule.at(self.step)
+        if plan.stage != self.ingest.stage:
+            self.ingest.set_stage(plan.stage)
+        self.trainer.set_stage(plan.stage, self.schedule.lr_at(self.step))
+
+    @property
+    def stage(self) -> str:
+        return self.trainer.stage
 
     # ---- Kafka ---------------------------------------------------------------------------
     def _open_consumer(self):
@@ -129,6 +144,9 @@ class LearnerRole:
 
     def run(self, max_steps: int = 0, stop: threading.Event | None = None, idle_wait_s: float = 3600.0) -> int:
         stop = stop or threading.Event()
+        max_steps = max_steps or self.schedule.total_steps
+        if self.schedule.plans:
+            log.info("stage schedule: %s (now at step %d: %s)", self.schedule.describe(), self.step, self.stage)
         self._redo_pending(resumed=True)
         done = 0
         while not max_steps or self.step < max_steps:
@@ -143,7 +161,9 @@ class LearnerRole:
 
     def train_one(self, samples: list) -> dict:
         lc = self.cfg.learner
+        stage = self.stage
         m = self.trainer.step(samples)
+        m["stage"] = stage
         self.step += 1
         publish = self.step % lc.publish_every == 0
         if publish:
@@ -156,15 +176,16 @@ class LearnerRole:
         self._since_ckpt["dropped_stale"] += self.ingest.drain_stale()
         if self.step % lc.checkpoint_every == 0 or publish:
             pending = {"step": self.step, "version": self.version if publish else None, "metrics": m,
-                       **self._since_ckpt}
+                       "stage": stage, **self._since_ckpt}
             self.checkpoint(pending)
             self._since_ckpt = {"episode_ids": [], "dropped_stale": []}
             self._redo_pending(resumed=False)
         self._record(m)
+        self._enter_stage()
         return m
 
     def checkpoint(self, pending: dict | None) -> None:
-        state = {"step": self.step, "stage": self.cfg.learner.stage, "policy_version": self.version,
+        state = {"step": self.step, "stage": self.schedule.at(self.step).stage, "policy_version": self.version,
                  "ingest": self.ingest.state(), "pending": pending}
         self._pending = pending
         ckpt.save(self.trainer, self.ckpt_dir, self.step, state, keep=self.cfg.learner.keep_checkpoints)
@@ -184,8 +205,8 @@ class LearnerRole:
             metrics.observe("learner_publish_s", secs)
             metrics.set_gauge("learner_policy_version", p["version"])
         if self.rank == 0 and self.producer is not None and not (resumed and self._logged(p["step"])):
-            nums = {k: v for k, v in p["metrics"].items()}
-            rec = TrainStep(step=p["step"], policy_version=self.version, stage=self.cfg.learner.stage,
+            nums = {k: v for k, v in p["metrics"].items() if k != "stage"}
+            rec = TrainStep(step=p["step"], policy_version=self.version, stage=p.get("stage", self.stage),
                             episode_ids=p["episode_ids"], metrics=nums, dropped_stale=p["dropped_stale"])
             self.producer.send(topics.LEARNER_LOG, rec, key="learner").get(timeout=60)
 
@@ -257,7 +278,9 @@ def default_ckpt_dir(cfg) -> str:
 
 
 def model_path_for(cfg) -> str:
-    path = cfg.learner.model_path or cfg.actor.model_path
+    from cluster.model_import import resolve_model_path  # a named built-in ("smollm2", "tiny") -> its folder
+
+    path = resolve_model_path(cfg, cfg.learner.model_path or cfg.actor.model_path)
     if path:
         return path
     from cluster.tiny_model import build_tiny_model, default_tiny_model_dir

@@ -39,6 +39,16 @@ class Trainer:
                                 is_cap=lc.is_cap, mask_low=lc.is_mask_low, mask_high=lc.is_mask_high,
                                 value_clip=lc.value_clip)
 
+    def set_stage(self, stage: str, lr: float) -> None:
+        """Switch the objective (and the policy's learning rate) between steps, keeping optimiser state."""
+        if stage not in STAGES:
+            raise ValueError(f"learner stage: unknown {stage!r} (known: {', '.join(STAGES)})")
+        if stage != self.stage:
+            log.info("stage %s -> %s (policy lr %g)", self.stage, stage, lr)
+        self.stage = stage
+        for group in self.policy.optimizer.param_groups:
+            group["lr"] = lr
+
     # ---- data distribution -------------------------------------------------------------
     def _local_batches(self, samples: list[Sample]) -> tuple[list[MicroBatch], list[MicroBatch]]:
         """(this rank's micro-batches, padding micro-batches) with equal counts on every rank."""
@@ -111,16 +121,19 @@ class Trainer:
 
     def _sft(self, batches: list[MicroBatch]) -> dict:
         norm = self._global_tokens(batches) / self.world
+        epochs = max(1, self.cfg.learner.rft_epochs)
         self.policy.train()
         acc = defaultdict(float)
-        for mb in batches:
-            logp, ent = self._logp(mb, entropy=True)
-            loss = sft_loss(logp, mb.loss_mask, normaliser=norm)
-            self.policy.backward(loss, scale_wrt_gas=False)
-            acc["loss"] += float(loss.detach()) / self.world
-            acc["entropy_sum"] += float((ent * mb.loss_mask).sum())
-            acc["n"] += float(mb.loss_mask.sum())
-        self.policy.step()
+        for epoch in range(epochs):
+            for mb in batches:
+                logp, ent = self._logp(mb, entropy=True)
+                loss = sft_loss(logp, mb.loss_mask, normaliser=norm)
+                self.policy.backward(loss, scale_wrt_gas=False)
+                if epoch == epochs - 1:  # the metrics of the last pass
+                    acc["loss"] += float(loss.detach()) / self.world
+                    acc["entropy_sum"] += float((ent * mb.loss_mask).sum())
+                    acc["n"] += float(mb.loss_mask.sum())
+            self.policy.step()
         return self._finish(acc, ("entropy",))
 
     def _ppo(self, batches: list[MicroBatch], train_policy: bool) -> dict:

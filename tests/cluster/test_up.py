@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import KERNELRL, cfg_env
 
 # Small enough for 2 cores: a few short episodes per learner step.
-FAST = ["--set", "actor.max_turns=3", "--set", "actor.max_new_tokens=48", "--set", "actor.concurrency=2",
+FAST = ["--set", "cluster.model=tiny", "--set", "actor.max_turns=3", "--set", "actor.max_new_tokens=48", "--set", "actor.concurrency=2",
         "--set", "learner.batch_trajectories=2", "--set", "learner.token_budget=8192"]
 
 
@@ -69,6 +69,7 @@ def test_up_reports_a_failed_start_and_exits_non_zero(cfg, tmp_path):
     report = tmp_path / "report.json"
     env = cfg_env(cfg)
     env["KRL__ACTOR__POLICY"] = "vllm"
+    env["KRL__CLUSTER__MODEL"] = "tiny"
     env["KRL__CLUSTER__ISOLATE_RUNS"] = "true"
     env["KRL__BUS__BOOTSTRAP_SERVERS"] = "127.0.0.1:1"  # nothing listens there
     env["KRL__BUS__REQUEST_TIMEOUT_S"] = "5"

@@ -222,7 +222,8 @@ REDTEAM: list[Case] = [
          errors=("illegal", "died", "CUDA error", "unspecified launch failure")),
     Case("hang_in_kernel", "cuda", HANG, ev="cuda_deadline", errors=("deadline",)),
     Case("numpy_via_tensor", "cuda", cuda_forward("a = x.cpu().numpy()\nreturn torch.from_numpy(a).cuda()"),
-         ev="cuda_nostatic", errors=("numpy",)),
+         ev="cuda_nostatic", violations=(TORCH,),
+         why="the copy to the host (x.cpu()) is torch compute: the guard stops it before numpy is reached"),
     Case("fork_in_forward", "cuda", cuda_forward("os.fork()\n" + ZEROS, header="import os"), ev="cuda_nostatic",
          errors=("Operation not permitted",)),
     Case("read_host_secrets", "cuda", cuda_forward(CALL, header="""
