@@ -144,7 +144,8 @@ class Trainer:
             self._whiten(prepared, batches)
         norm = self._global_tokens(batches) / self.world
         acc = defaultdict(float)
-        for _ in range(lc.ppo_epochs):
+        moved = [0.0, 0.0, 0.0, 0.0]  # sums of R*g, R, g, samples: see _reward_alignment
+        for epoch in range(lc.ppo_epochs):
             self.policy.train()
             self.critic.train()
             for mb, prep in zip(batches, prepared):
@@ -161,6 +162,8 @@ class Trainer:
                     for k in ("clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean"):
                         acc[k + "_sum"] += float(st[k]) * n_tok
                     acc["is_w_max"] = max(acc["is_w_max"], float(st["is_w_max"]))
+                    if epoch == lc.ppo_epochs - 1 and epoch > 0:
+                        _add_movement(moved, logp.detach(), prep.get("logp_prox", mb.logp_mu), m, mb.reward)
                 values = self._values(mb)
                 vloss, vst = value_loss(values, prep["old_values"], prep["returns"], m, lc.value_clip, norm)
                 self.critic.backward(vloss, scale_wrt_gas=False)
@@ -177,6 +180,8 @@ class Trainer:
         out = self._finish(acc, keys)
         if train_policy:
             out["is_w_max"] = self._max(acc["is_w_max"])
+            if lc.ppo_epochs > 1:
+                out["reward_logp_cov"] = _reward_alignment(eng.all_reduce_sum(moved))
         return out
 
     def _finish(self, acc: dict, mean_keys: tuple[str, ...]) -> dict:
@@ -220,3 +225,22 @@ class Trainer:
 
     def critic_module(self) -> Critic:
         return self.critic.module
+
+
+def _add_movement(moved: list[float], logp, base, mask, reward) -> None:
+    """Accumulate, per sample, g = mean log-ratio (pi now / pi before this step's updates) of its tokens."""
+    m = (mask > 0).to(logp.dtype)
+    g = ((logp - base) * m).sum(1) / m.sum(1).clamp(min=1.0)
+    real = m.sum(1) > 0  # padding micro-batches hold no sample
+    r, g = reward[real].double(), g[real].double()
+    for i, v in enumerate((float((r * g).sum()), float(r.sum()), float(g.sum()), float(real.sum()))):
+        moved[i] += v
+
+
+def _reward_alignment(sums: list[float]) -> float:
+    """cov(reward, g) over the step's samples: > 0 when the update made the higher-reward samples more likely
+    than the lower-reward ones. It is read off the oracle's rewards, not the advantages, so a sign error
+    anywhere between reward and loss (GAE, whitening, the objective) turns it negative. Measured at the last
+    of ppo_epochs passes (after the first ones' updates); 0 when every reward was the same."""
+    rg, r, g, n = sums
+    return (rg - r * g / n) / n if n > 0 else 0.0

@@ -52,3 +52,25 @@ def test_rft_ignores_staleness_and_ppo_does_not():
         ing = Ingest(stage, max_staleness=2)
         ing.offer(make_traj("old", version=0, reward=1.0), 0, 0)
         assert [s.episode_id for s in ing.take(1, policy_version=10)] == want
+
+
+def test_reward_alignment_is_the_covariance_of_reward_and_movement():
+    """The learner's `reward_logp_cov`: positive when the higher-reward samples gained log-prob relative to
+    the lower-reward ones; it reads rewards, not advantages, so a flipped advantage shows as negative."""
+    import torch
+
+    from learner.trainer import _add_movement, _reward_alignment
+
+    base = torch.zeros(3, 4)
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.float32)  # row 3: padding
+    reward = torch.tensor([1.0, -1.0, 0.0])
+    moved = [0.0] * 4
+    _add_movement(moved, base + torch.tensor([[9.0, 0.2, 0.2, 9.0], [0, -0.3, -0.3, -0.3], [5, 5, 5, 5]]), base,
+                  mask, reward)
+    assert moved[3] == 2  # the padding row is not a sample
+    assert _reward_alignment(moved) == pytest.approx((1 * 0.2 + -1 * -0.3) / 2 - 0 * (-0.1) / 2)
+    flipped = [0.0] * 4
+    _add_movement(flipped, base - torch.tensor([[0, 0.2, 0.2, 0], [0, -0.3, -0.3, -0.3], [0] * 4]), base, mask,
+                  reward)
+    assert _reward_alignment(flipped) < 0 < _reward_alignment(moved)
+    assert _reward_alignment([0.0, 0.0, 0.0, 0.0]) == 0.0
