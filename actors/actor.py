@@ -23,6 +23,7 @@ from actors import tool_specs
 from actors.agent import Episode, EpisodeLimits, PolicyFailure, engine_dead
 from actors.chat import ChatRenderer
 from actors.offsets import OffsetTracker
+from actors.task_check import task_problem
 from actors.tools_local import LocalTools
 from actors.tools_remote import RemoteTools
 from actors.workspace import Workspace, single_turn_skill_text, skill_text
@@ -101,7 +102,13 @@ class Actor:
                     continue
                 for rec in recs:
                     self.tracker.delivered(rec)
-                    pending.append(rec)
+                    why = task_problem(rec.msg)
+                    if why:  # refused at once: it holds back no commit
+                        t = asyncio.create_task(self._refuse(rec, consumer, f"task refused: {why}"))
+                        tasks.add(t)
+                        t.add_done_callback(tasks.discard)
+                    else:
+                        pending.append(rec)
                 if not recs:
                     await asyncio.sleep(0)
         finally:
@@ -151,6 +158,13 @@ class Actor:
             log.error("policy failed; stopping without committing task %s: %s", task.task_id, exc)
             self.fatal = exc
             return
+        except RetriableError as exc:  # the infrastructure, not the task: another actor may take it
+            log.error("episode of task %s could not run; stopping without committing it: %s", task.task_id, exc)
+            self.fatal = exc
+            return
+        except Exception as exc:  # noqa: BLE001 - a task its episode cannot even start is lettered, not lost
+            await self._refuse(rec, consumer, f"episode could not start: {type(exc).__name__}: {exc}")
+            return
         finally:
             metrics.inc("episodes_in_flight", -1)
         _record_episode(traj, time.monotonic() - t0)
@@ -160,6 +174,23 @@ class Actor:
         self.stats["tokens"] += int(traj.loss_mask.sum())
         if not await self._publish(traj):
             return  # not committed: the task will be redelivered
+        await self._commit_done(rec, consumer)
+
+    async def _refuse(self, rec: Any, consumer: Any, why: str) -> None:
+        """Dead-letter a task with the reason, then commit past it as if its episode had finished."""
+        from cluster.bus_serve import dead_letter_record
+
+        loop = asyncio.get_running_loop()
+        self.stats["refused"] = self.stats.get("refused", 0) + 1
+        metrics.inc("tasks_dead_lettered")
+        try:
+            await loop.run_in_executor(None, dead_letter_record, self.bus, rec, why)
+        except Exception as exc:  # noqa: BLE001 - no letter, no commit: the task comes back to be refused again
+            log.error("could not dead-letter task %s (%s); leaving it uncommitted", rec.msg.task_id, exc)
+            return
+        await self._commit_done(rec, consumer)
+
+    async def _commit_done(self, rec: Any, consumer: Any) -> None:
         commit_to = self.tracker.done(rec)
         if commit_to is not None:
             ok = await asyncio.get_running_loop().run_in_executor(self._cthread, consumer.commit, commit_to)

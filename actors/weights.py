@@ -6,21 +6,30 @@ only after ``cluster.weights_transport.receive`` has assembled and checked it;
 a corrupt or missing version is skipped with an error and the old weights keep
 serving. Episodes waiting on tools are untouched: the swap only pauses the
 engine, which keeps its in-flight requests.
+
+Receiving is bounded: an error that says a retry can help (a timeout, an unreachable
+weight server) is retried ``RECEIVE_ATTEMPTS`` times, then the version is given up; a
+stop request interrupts a receive; a version given up no longer counts as newer for
+admission control, so a forged announcement cannot stall sampling.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import RetriableError
+from cluster.errors import RetriableError, is_retriable
 from schemas import topics as T
 from schemas.messages import WeightAnnouncement
 
 from cluster import metrics
 
 log = logging.getLogger(__name__)
+
+RECEIVE_TIMEOUT_S = 300.0  # per attempt; a stop request ends it sooner
+RECEIVE_ATTEMPTS = 3
 
 
 class WeightFollower:
@@ -36,13 +45,25 @@ class WeightFollower:
         self.executor = executor
         self.errors: list[str] = []
         self.applied: list[dict] = []
+        self.pending: dict[int, Any] = {}  # version -> its record: announced newer than the engine's, not given up
+        self.attempts: dict[int, int] = {}
+        self.retry_at: dict[int, float] = {}
+        self._stop: asyncio.Event | None = None
 
     @property
     def lag(self) -> int:
-        return max(0, self.newest_announced - self.policy.version)
+        return max(0, max(self.pending, default=self.policy.version) - self.policy.version)
+
+    def _due(self) -> Any:
+        """The newest pending version's record, unless it waits out a retry's back-off (then nothing yet)."""
+        if not self.pending:
+            return None
+        rec = self.pending[max(self.pending)]
+        return rec if time.monotonic() >= self.retry_at.get(rec.msg.version, 0.0) else None
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
+        self._stop = stop
         group = f"{self.cfg.bus.topic_prefix}weights-{self.actor_id}"
         cons = await loop.run_in_executor(self.executor, lambda: self.bus.consumer(
             [T.WEIGHTS], group, expected=WeightAnnouncement, auto_offset_reset="earliest"))
@@ -54,16 +75,16 @@ class WeightFollower:
                     log.warning("weights poll failed (%s); retrying", exc)
                     await asyncio.sleep(1.0)
                     continue
-                newest = None
                 for rec in recs:
                     ann = rec.msg
                     if ann.model_name != self.model_name:
                         continue
                     self.newest_announced = max(self.newest_announced, ann.version)
-                    if self.gate.wants(ann) and (newest is None or ann.version > newest.version):
-                        newest = ann
-                if newest is not None:
-                    await self.apply(newest)
+                    if self.gate.wants(ann):
+                        self.pending[ann.version] = rec
+                due = self._due()
+                if due is not None:
+                    await self.apply(due)
                 if recs:
                     await loop.run_in_executor(self.executor, cons.commit)
         finally:
@@ -75,30 +96,60 @@ class WeightFollower:
 
         from cluster.weights_transport import WeightsCorrupt, receive, version_dir
 
+        stop = self._stop
+        cancelled = (lambda: stop.is_set()) if stop is not None else None
         try:
-            return receive(self.bus, ann, str(self.dest_root), 300.0)
+            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled)
         except WeightsCorrupt:
             stale = version_dir(self.dest_root, ann.model_name, ann.version)
             if ann.transport == "fs" or not stale.exists():  # fs folders are the source itself
                 raise
             log.warning("weights v%d: %s holds other bytes (an earlier run?); receiving again", ann.version, stale)
             shutil.rmtree(stale)
-            return receive(self.bus, ann, str(self.dest_root), 300.0)
+            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled)
 
-    async def apply(self, ann: WeightAnnouncement) -> bool:
-
+    async def apply(self, rec: Any) -> bool:
+        """Receive, verify and swap in the announced version of ``rec``; False if it is not applied."""
+        ann = rec.msg
         loop = asyncio.get_running_loop()
         try:
             folder = await loop.run_in_executor(self.executor, self._receive, ann)
         except Exception as exc:  # noqa: BLE001 - a bad version is skipped; the old weights keep serving
-            msg = f"weights v{ann.version}: not applied: {type(exc).__name__}: {exc}"
-            log.error(msg)
-            self.errors.append(msg)
+            why = self._failed(ann, exc)
+            if why:
+                await loop.run_in_executor(self.executor, self._letter, rec, why)
             return False
         ms = await self.policy.swap_weights(str(folder), ann.version)
         self.gate.mark_applied(ann.version)
+        self.pending = {v: a for v, a in self.pending.items() if v > ann.version}
         self.applied.append({"version": ann.version, "swap_ms": ms})
         metrics.inc("weight_versions_applied")
         metrics.set_gauge("weight_version", ann.version)
         metrics.observe("swap_ms", ms)
         return True
+
+    def _failed(self, ann: WeightAnnouncement, exc: Exception) -> str:
+        """Keep a version for another attempt while a retry can help; otherwise give it up and return why."""
+        n = self.attempts[ann.version] = self.attempts.get(ann.version, 0) + 1
+        again = is_retriable(exc) and n < RECEIVE_ATTEMPTS and not (self._stop and self._stop.is_set())
+        msg = (f"weights v{ann.version}: not applied (attempt {n}/{RECEIVE_ATTEMPTS}"
+               f"{', will retry' if again else ', given up'}): {type(exc).__name__}: {exc}")
+        log.error(msg)
+        self.errors.append(msg)
+        if again:
+            self.retry_at[ann.version] = time.monotonic() + min(2.0 ** n, 30.0)
+            return ""
+        self.pending.pop(ann.version, None)
+        metrics.inc("weight_versions_given_up")
+        return msg
+
+    def _letter(self, rec: Any, why: str) -> None:
+        """A version given up is dead-lettered (by each actor that gave it up), unless the role is stopping."""
+        from cluster.bus_serve import dead_letter_record
+
+        if self._stop is not None and self._stop.is_set():
+            return
+        try:
+            dead_letter_record(self.bus, rec, why)
+        except Exception as exc:  # noqa: BLE001 - the error list and the log still say why
+            log.error("could not dead-letter weights v%d: %s", rec.msg.version, exc)

@@ -99,7 +99,7 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
         late = now_ms() - header.deadline_ms
         log.info("skipping expired request %s (%d ms late)", header.request_id, late)
         # kept with its reason: every consumed request is answered or dead-lettered, none silently dropped
-        _letter(bus, rec, f"expired: its deadline passed {late} ms before a worker reached it (the client has "
+        dead_letter_record(bus, rec, f"expired: its deadline passed {late} ms before a worker reached it (the client has "
                 "given up)", b"")
         consumer.commit(rec, sync=False)
         return
@@ -112,13 +112,13 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
         log.warning("handler failed on %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc, exc_info=True)
         reply = on_error(msg, exc) if header is not None else None
         if reply is None:
-            _letter(bus, rec, f"handler: {type(exc).__name__}: {exc}")
+            dead_letter_record(bus, rec, f"handler: {type(exc).__name__}: {exc}")
     if reply is not None and header is not None and header.reply_topic:
         if hasattr(reply, "request_id") and not reply.request_id:
             reply.request_id = header.request_id
         _send_reply(bus, producer, rec, header, reply)
     elif reply is not None:
-        _letter(bus, rec, f"request without a reply address (header.reply_topic is empty): its "
+        dead_letter_record(bus, rec, f"request without a reply address (header.reply_topic is empty): its "
                 f"{type(reply).__name__} had nowhere to go")
     log.debug("handled %s in %.1f ms", type(msg).__name__, (time.monotonic() - t0) * 1000)
     # After the reply is acked: at-least-once. A short job commits asynchronously (latency); a long one waits
@@ -137,7 +137,7 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     replies = bus.topic(topics.TOOL_REPLIES)
     if header.reply_topic not in (replies, topics.TOOL_REPLIES):
         # a reply is only ever sent to this cluster's replies topic, never where a record says
-        _letter(bus, rec, f"reply_topic {header.reply_topic!r} is not this cluster's replies topic {replies!r}")
+        dead_letter_record(bus, rec, f"reply_topic {header.reply_topic!r} is not this cluster's replies topic {replies!r}")
         return
     try:
         producer.send(header.reply_topic, reply, key=header.sender or None,
@@ -145,12 +145,12 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: transient ones re-raise
         if is_retriable(exc):
             raise
-        _letter(bus, rec, f"reply undeliverable to {header.reply_topic!r}[{header.reply_partition}]: "
+        dead_letter_record(bus, rec, f"reply undeliverable to {header.reply_topic!r}[{header.reply_partition}]: "
                 f"{type(exc).__name__}: {exc}")
 
 
-def _letter(bus, rec, why: str, payload: bytes | None = None) -> None:
-    """Dead-letter the consumed request ``rec`` with its reason (and, by default, the request itself)."""
+def dead_letter_record(bus, rec, why: str, payload: bytes | None = None) -> None:
+    """Dead-letter the consumed record ``rec`` with its reason (and, by default, the record itself)."""
     bus.dead_letter(rec.raw_topic, rec.partition, rec.offset, why, _reencode(rec.msg) if payload is None else payload,
                     rec.key.encode() if rec.key else None)
 

@@ -62,5 +62,8 @@ def run(args, cfg) -> int:
     print(f"report: {cfg.cluster.report_path}  "
           f"(steps {report['learner_steps']}, episodes {report['episodes_finished']}, "
           f"trained {report['trajectories_trained']}, lost {report['trajectories_lost']}, "
-          f"tool calls lost {report['tool_calls_lost']}, broker restarts {report.get('broker_restarts', 0)})")
+          f"tool calls lost {report['tool_calls_lost']}, broker restarts {report.get('broker_restarts', 0)}, "
+          f"dead-lettered tasks {report.get('tasks_dead_lettered', 0)} / tool calls "
+          f"{report.get('tool_calls_dead_lettered', 0)}, done twice: tasks {report.get('tasks_rolled_out_twice', 0)}"
+          f" / tool calls {report.get('tool_calls_answered_twice', 0)})")
     return 0 if report.get("ok") else 1

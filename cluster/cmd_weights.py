@@ -33,6 +33,8 @@ def run(args, cfg) -> int:
     from cluster.errors import KernelRLError
 
     model = args.model_name or cfg.learner.model_name
+    if args.action == "push":  # before the broker is asked anything
+        _check_folder(args.path)
     with Bus(cfg, client_id="kernelrl-weights") as bus:
         bus.ensure_topics()
         seen = announcements(bus, model)
@@ -41,10 +43,6 @@ def run(args, cfg) -> int:
                 print(json.dumps({"version": a.version, "transport": a.transport, "uri": a.uri,
                                   "bytes": a.total_bytes, "sha256": a.sha256, "step": a.step}))
             return 0
-        if not args.path or not Path(args.path).is_dir():
-            raise KernelRLError(f"--path {args.path!r}: a checkpoint folder is required")
-        if not list(Path(args.path).glob("*.safetensors")):
-            raise KernelRLError(f"--path {args.path!r} holds no *.safetensors file")
         newest = max((a.version for a in seen), default=0)
         version = args.version if args.version is not None else newest + 1
         if version <= newest:
@@ -87,3 +85,12 @@ def _serve_for(stream, seconds: float) -> None:
         pass
     stream.close()
     print(f"served {stream.served} transfers ({stream.failed} failed)", file=sys.stderr)
+
+
+def _check_folder(path: str | None) -> None:
+    from cluster.errors import InputError
+
+    if not path or not Path(path).is_dir():
+        raise InputError(f"--path {path!r}: a checkpoint folder is required")
+    if not list(Path(path).glob("*.safetensors")):
+        raise InputError(f"--path {path!r} holds no *.safetensors file")

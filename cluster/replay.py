@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from cluster.bus_scan import bounds, offsets_at, read_topic
-from cluster.errors import KernelRLError
+from cluster.errors import InputError
 from schemas import codec
 
 log = logging.getLogger(__name__)
 
 
-class ReplayError(KernelRLError):
-    """A replay request that cannot be served as given."""
+class ReplayError(InputError):
+    """A replay request that cannot be served as given (exit 2, one line)."""
 
 
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
@@ -55,14 +55,24 @@ def parse_offsets(items: list[str] | None) -> dict[int, int] | int | None:
     if not items:
         return None
     if len(items) == 1 and ":" not in items[0]:
-        return int(items[0])
+        return _int(items[0], items[0])
     out = {}
     for item in items:
         p, sep, n = item.partition(":")
         if not sep:
             raise ReplayError(f"offset {item!r}: mix of plain and partition:offset forms")
-        out[int(p)] = int(n)
+        out[_int(p, item)] = _int(n, item)
     return out
+
+
+def _int(text: str, item: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ReplayError(f"offset {item!r}: use N (every partition) or P:N, with whole numbers") from None
+    if value < 0:
+        raise ReplayError(f"offset {item!r}: offsets and partitions are >= 0")
+    return value
 
 
 @dataclasses.dataclass

@@ -55,6 +55,9 @@ def durable_invariants(bus, actor_group: str) -> dict:
     traj_tasks = {t.task_id for t in episodes.values()}
     committed = committed_offsets(bus, actor_group, topics.TASKS)
     consumed_tasks = {r.msg.task_id for r in tasks if r.offset < committed.get(r.partition, 0)}
+    # a task the actors refused (its episode could not start) is dead-lettered with the reason, not lost
+    lettered_tasks = {r.msg.task_id for r in tasks if (r.raw_topic or bus.topic(r.topic), r.partition, r.offset)
+                      in lettered}
     trained = Counter(eid for r in steps for eid in r.msg.episode_ids)
     dropped = {eid for r in steps for eid in r.msg.dropped_stale}
     req_ids = {r.msg.header.request_id for r, _ in requests}
@@ -74,8 +77,10 @@ def durable_invariants(bus, actor_group: str) -> dict:
         # episodes whose reward the infrastructure kept from being measured; the learner skips them
         "trajectories_undetermined": len(undetermined),
         "trajectories_skipped_undetermined": skipped,
-        "trajectories_lost": len(consumed_tasks - traj_tasks),
+        "trajectories_lost": len(consumed_tasks - traj_tasks - lettered_tasks),
         "tasks_consumed": len(consumed_tasks),
+        "tasks_dead_lettered": len(lettered_tasks - traj_tasks),
+        **duplicate_work(traj, episodes, replies),
         "tool_calls_sent": len(req_ids),
         "tool_calls_lost": len(consumed_req_ids - reply_ids - lettered_ids),
         "tool_calls_dead_lettered": len(lettered_ids - reply_ids),
@@ -86,6 +91,18 @@ def durable_invariants(bus, actor_group: str) -> dict:
                                                                      if isinstance(v, (int, float))}} for r in steps],
         "learning": learning_curve(list(episodes.values()), [r.msg for r in steps]),
     }
+
+
+def duplicate_work(traj: list, episodes: dict, replies: list) -> dict:
+    """Work done more than once, read from the topics: a task record rolled out by two episodes (its actor
+    died or lost its partition after publishing and before committing), a trajectory written twice (a
+    producer retry; the learner's dedupe absorbs it), a tool request answered twice (a worker redid it)."""
+    by_task_record = Counter((t.metadata.get("task_partition"), t.metadata.get("task_offset"))
+                             for t in episodes.values() if t.metadata.get("task_offset") is not None)
+    answers = Counter(r.msg.request_id for r in replies)
+    return {"tasks_rolled_out_twice": sum(1 for c in by_task_record.values() if c > 1),
+            "trajectory_messages_duplicated": len(traj) - len(episodes),
+            "tool_calls_answered_twice": sum(1 for c in answers.values() if c > 1)}
 
 
 def learning_curve(trajectories: list, steps: list) -> dict:

@@ -45,6 +45,14 @@ class WeightsTimeout(RetriableError):
     """Not all chunks of a version arrived in time."""
 
 
+class WeightsMissing(KernelRLError):
+    """The announced location holds nothing (no folder, or no chunks at that offset): waiting will not help."""
+
+
+class WeightsCancelled(RetriableError):
+    """The receiver was asked to stop (its role shuts down) before the version was complete."""
+
+
 def version_dir(root: str | os.PathLike, model_name: str, version: int) -> Path:
     return Path(root) / model_name / f"v{version:08d}"
 
@@ -203,13 +211,18 @@ def verify_folder(folder: str | os.PathLike, ann: WeightAnnouncement) -> None:
         raise WeightsCorrupt(f"weights v{ann.version} at {folder}: checksum mismatch (files {bad or 'all'})")
 
 
-def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_s: float = 120.0) -> Path:
-    """Materialise and verify the announced version locally; returns the folder to load."""
+def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_s: float = 120.0,
+            cancelled=None) -> Path:
+    """Materialise and verify the announced version locally; returns the folder to load.
+
+    ``cancelled()`` (optional) is asked between polls: a role that stops does not wait out the timeout."""
     if ann.transport == "fs":
+        if not Path(ann.uri).is_dir():
+            raise WeightsMissing(f"weights v{ann.version}: {ann.uri} is not a folder")
         verify_folder(ann.uri, ann)
         return Path(ann.uri)
     if ann.transport == "kafka":
-        return _receive_kafka(bus, ann, dest_root, timeout_s)
+        return _receive_kafka(bus, ann, dest_root, timeout_s, cancelled or (lambda: False))
     if ann.transport == "nccl":
         from cluster.weights_stream import receive_stream
 
@@ -217,7 +230,7 @@ def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_
     raise WeightsCorrupt(f"weights v{ann.version}: unknown transport {ann.transport!r}")
 
 
-def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float) -> Path:
+def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float, cancelled) -> Path:
     from kafka import TopicPartition
 
     m = _URI.match(ann.uri)
@@ -228,8 +241,10 @@ def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float) ->
     def fill(tmp: Path) -> dict[str, str]:
         cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
         try:
-            cons.kafka.seek(TopicPartition(bus.topic(topic), part), start)
-            return _stream_chunks(cons, ann, tmp, timeout_s)
+            tp = TopicPartition(bus.topic(topic), part)
+            _check_chunks_exist(cons.kafka, tp, start, ann)
+            cons.kafka.seek(tp, start)
+            return _stream_chunks(cons, ann, tmp, timeout_s, cancelled)
         finally:
             cons.close()
 
@@ -256,7 +271,16 @@ def _materialise(ann: WeightAnnouncement, dest_root, fill) -> Path:
     return dest
 
 
-def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict[str, str]:
+def _check_chunks_exist(kc, tp, start: int, ann: WeightAnnouncement) -> None:
+    """Chunks are acknowledged before their announcement is sent, so [start, start + n) is already in the
+    log: an offset outside it points at nothing (a forged or mistyped URI, or retention removed it)."""
+    first, end = kc.beginning_offsets([tp])[tp], kc.end_offsets([tp])[tp]
+    if start < first or start + ann.num_chunks > end:
+        raise WeightsMissing(f"weights v{ann.version}: chunks {start}..{start + ann.num_chunks - 1} are not in "
+                             f"{tp.topic}[{tp.partition}] (it holds offsets {first}..{end - 1})")
+
+
+def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float, cancelled) -> dict[str, str]:
     """Write chunks 0..n-1 as they arrive (one partition: in order), hashing each file on the way."""
     hashes: dict[str, hashlib._Hash] = {}
     handle, handle_name, nxt = None, "", 0
@@ -265,6 +289,8 @@ def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float) -
         while nxt < ann.num_chunks:
             if time.monotonic() > deadline:
                 raise WeightsTimeout(f"weights v{ann.version}: {nxt}/{ann.num_chunks} chunks after {timeout_s}s")
+            if cancelled():
+                raise WeightsCancelled(f"weights v{ann.version}: stopped at chunk {nxt}/{ann.num_chunks}")
             for rec in cons.poll(timeout_s=0.5):
                 c = rec.msg
                 if c.model_name != ann.model_name or c.version != ann.version or c.index < nxt:

@@ -176,3 +176,40 @@ def test_vllm_actor_sigterm_to_its_process_group(tiny_model, make_cfg, spawn, tm
     assert a.wait(60) == 0, (tmp_path / "actor.log").read_text()[-3000:]
     assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 1
     assert _read_trajectories(cfg, 1, timeout_s=2) == []
+
+
+def test_tasks_an_episode_cannot_start_are_dead_lettered_and_committed(aloop, tokenizer, make_cfg, tmp_path):
+    """A task that decodes but cannot be rolled out (unknown backend, no reference Model, a script that is not
+    a list of turns) gets one dead letter with its reason; the valid tasks around it run, and every offset of
+    the partition is committed (none is left neither trained, dead-lettered nor answered)."""
+    from cluster.bus import Bus
+    from tests.backbone.test_bus import dead_letters
+
+    cfg = _actor_cfg(make_cfg, tmp_path, concurrency=2)
+    good = [relu_task("ok-1", scripted_turns=_script(0.1)), relu_task("ok-2", scripted_turns=_script(0.1))]
+    bad = [relu_task("bad-backend", scripted_turns=_script(0.1)), relu_task("bad-model"),
+           relu_task("bad-script", scripted_turns="rm -rf /")]
+    bad[0].backend, bad[1].model_py = "quantum", "import torch\n"
+    with Bus(cfg, client_id="feeder-test") as bus:
+        prod = bus.producer()
+        for t in [good[0], *bad, good[1]]:  # one partition: the bad ones sit between the good ones
+            prod.send(T.TASKS, t, key=t.task_id, partition=0).get(timeout=30)
+        prod.close()
+    actor = Actor(cfg, ScriptedPolicy(tokenizer, []), actor_id="actor-v")
+    assert aloop.run(actor.run(asyncio.Event(), max_episodes=2), timeout=60) == 2
+    assert sorted(t.task_id for t in _read_trajectories(cfg, 2)) == ["ok-1", "ok-2"]
+    assert _lag(cfg, f"{cfg.bus.topic_prefix}actors") == 0
+    with Bus(cfg, client_id="dlq-test") as bus:
+        letters = dead_letters(bus, 3)
+    why = {codec_task_id(d.payload): d.error for d in letters}
+    assert set(why) == {"bad-backend", "bad-model", "bad-script"}, why
+    assert "backend 'quantum'" in why["bad-backend"] and "class Model" in why["bad-model"]
+    assert "scripted_turns" in why["bad-script"] and all(e.startswith("task refused:") for e in why.values())
+    assert all(d.source_topic.endswith(T.TASKS) and d.partition == 0 for d in letters)
+    actor.client.close()
+
+
+def codec_task_id(payload: bytes) -> str:
+    from schemas import codec
+
+    return codec.decode(payload).task_id

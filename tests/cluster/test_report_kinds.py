@@ -24,3 +24,28 @@ def test_report_ignores_records_of_another_kind(make_cfg):
     bus.close()
     assert rep["episodes_finished"] == 1 and rep["trajectory_messages"] == 1
     assert rep["learner_steps"] == 0 and rep["tool_calls_sent"] == 0 and rep["weight_versions_published"] == 0
+
+
+def test_report_counts_duplicate_work_from_the_topics(make_cfg):
+    """Work done twice is counted, not hidden: one task record rolled out by two episodes, one trajectory
+    written twice (a producer retry), one tool request answered twice."""
+    from cluster.bus import Bus
+    from cluster.report import durable_invariants
+    from schemas.messages import CompileResult
+
+    cfg = make_cfg()
+    bus = Bus(cfg, client_id="test-report")
+    prod = bus.producer()
+    twice = [make_traj("e1"), make_traj("e2"), make_traj("e3")]
+    for t in twice[:2]:  # the same task record (partition 0, offset 4) rolled out twice
+        t.metadata.update(task_partition=0, task_offset=4)
+    twice[2].metadata.update(task_partition=0, task_offset=5)
+    for msg in (*twice, twice[2]):  # e3 written twice
+        prod.send(topics.TRAJECTORIES, msg, key=msg.task_id).get(timeout=30)
+    for rid in ("r1", "r1", "r2"):
+        prod.send(topics.TOOL_REPLIES, CompileResult(request_id=rid, episode_id="e1", ok=True), key=rid).get(30)
+    prod.close()
+    rep = durable_invariants(bus, bus.group("actors"))
+    bus.close()
+    assert (rep["tasks_rolled_out_twice"], rep["trajectory_messages_duplicated"], rep["tool_calls_answered_twice"]) \
+        == (1, 1, 1), rep

@@ -9,7 +9,12 @@ import time
 
 import pytest
 
+from schemas import topics as T
+from tests.actors.helpers import RELU_DIR
+from tests.cluster import poison
 from tests.conftest import KERNELRL, cfg_env
+
+RELU_MODEL = RELU_DIR / "model.py"
 
 # Small enough for 2 cores: a few short episodes per learner step.
 FAST = ["--set", "cluster.model=tiny", "--set", "actor.max_turns=3", "--set", "actor.max_new_tokens=48", "--set", "actor.concurrency=2",
@@ -86,8 +91,9 @@ def test_up_on_three_brokers_survives_leader_and_follower_kills(cfg, tmp_path):
     """The whole loop (real broker, vLLM actor with hot-swap, scripted actor, compile and evaluation workers,
     DeepSpeed learner) on a 3-node KRaft cluster (topics with 3 replicas, 2 in sync): the leaders of the
     trajectories and tool-call partitions are SIGKILLed mid-run, then a follower, each node brought back
-    on its data; from the topics: nothing lost, nothing trained twice, every tool call answered, and every
-    role left on SIGTERM at the end."""
+    on its data; malformed records of every kind are produced onto the tasks, trajectories and weights
+    topics; from the topics: nothing lost, nothing trained twice, every tool call answered, every malformed
+    record dead-lettered with its reason, and every role left on SIGTERM at the end."""
     from cluster import broker_cluster
     from cluster.config import load
 
@@ -120,11 +126,15 @@ def test_up_on_three_brokers_survives_leader_and_follower_kills(cfg, tmp_path):
             broker_cluster.start(own, nodes=3, tie_to_parent=True)
 
         time.sleep(40)  # the roles are up and exchanging records
+        run_bus = _run_bus(own, st["bootstrap"])
+        injected = poison.inject(run_bus, own.learner.model_name, RELU_MODEL.read_text())  # malformed input
         kill_and_restore(partition0(".trajectories")["leader"])
         kill_and_restore(partition0(".tool.compile")["leader"])
         p = partition0(".trajectories")
         kill_and_restore(next(n for n in p["isr"] if n != p["leader"]))  # a follower
         out, err = proc.communicate(timeout=1300)
+        lost, why = poison.unaccounted(run_bus, injected, {T.TASKS: "actors", T.TRAJECTORIES: "learner"})
+        run_bus.close()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -137,3 +147,35 @@ def test_up_on_three_brokers_survives_leader_and_follower_kills(cfg, tmp_path):
     assert rep["tool_calls_sent"] >= 2  # the scripted actor's compile/verify went through the workers
     assert rep["weight_versions_applied_min"] >= 1  # every actor hot-swapped at least once
     assert rep["killed_at_stop"] == []  # every role left on SIGTERM within its grace
+    # the malformed records: each dead-lettered with its reason (trajectories once), none consumed silently
+    assert lost == [], lost
+    faults = {(r["topic"], r["fault"]) for r in injected}
+    assert {f for f in faults if f[0] != T.TASKS} <= set(why), sorted({f for f in faults if f[0] != T.TASKS} - set(why))
+    assert all(len(why[f]) == 1 for f in why if f[0] == T.TRAJECTORIES), why
+    reasons = {f: " ".join(e) for f, e in why.items()}
+    for fault, words in (((T.TRAJECTORIES, "ids outside the vocabulary"), "outside the model's vocabulary"),
+                         ((T.TRAJECTORIES, "arrays disagree"), "logprobs has shape"),
+                         ((T.WEIGHTS, "weights that are nowhere"), "are not in"),
+                         ((T.WEIGHTS, "version 99"), "newer than this kernelrl reads")):
+        assert words in reasons[fault], (fault, reasons[fault])
+    if (T.TASKS, "unknown backend") in why:
+        assert "task refused: backend 'quantum'" in reasons[(T.TASKS, "unknown backend")]
+    assert rep["tasks_dead_lettered"] == sum(1 for f in why if f[0] == T.TASKS and f[1] in
+                                             ("unknown backend", "no reference model"))
+
+
+def _run_bus(own, bootstrap):
+    """A bus on the run's own topics (`up` isolates each run under <prefix><run id>.)."""
+    import copy
+
+    from cluster import broker_cluster
+    from cluster.bus import Bus
+
+    deadline = time.monotonic() + 60
+    while not (names := [t for t in broker_cluster.leaders(own, bootstrap, "." + T.TRAJECTORIES)
+                         if t.startswith(own.bus.topic_prefix)]):
+        assert time.monotonic() < deadline, "the run's topics never appeared"
+        time.sleep(1)
+    cfg = copy.deepcopy(own)
+    cfg.bus.bootstrap_servers, cfg.bus.topic_prefix = bootstrap, names[0][:-len(T.TRAJECTORIES)]
+    return Bus(cfg, client_id="poison-drill")
