@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from cluster.json_stdout import emit
+
 
 def add_arguments(p) -> None:
     p.add_argument("--tasks", required=True, help="task folder (kernelrl index.json or a KernelBench checkout)")
@@ -53,7 +55,7 @@ def run(args, cfg) -> int:
     (out / "eval.json").write_text(json.dumps(rep, indent=1) + "\n")
     plot(rep, str(out / "eval.png"), title=f"kernelrl eval: {args.policy} on {Path(args.tasks).name} ({backend})")
     if args.json:
-        print(json.dumps(rep["overall"]))
+        emit(rep["overall"])
     else:
         print(table(rep))
         print(f"report: {out / 'eval.json'}  plot: {out / 'eval.png'}", file=sys.stderr)

@@ -75,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kernelrl: config error: {exc}", file=sys.stderr)
         return 2
+    from cluster.json_stdout import json_only, wants_json
+
     module = importlib.import_module(args._module)
     try:
-        return int(module.run(args, cfg) or 0)
+        with json_only(wants_json(args)):
+            return int(module.run(args, cfg) or 0)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: show, don't trace

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 
 from cluster.errors import SetupError
+from cluster.json_stdout import emit
 
 TARGETS = {
     "bus": "cluster.bench_bus",
@@ -67,8 +67,7 @@ def run(args, cfg) -> int:
     result = module.run_bench(args, cfg)
     if result is None:
         return 0
-    text = json.dumps(result, indent=None if args.json else 2, default=str)
-    print(text)
+    text = emit(result, indent=None if args.json else 2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")

@@ -1,7 +1,7 @@
 """`kernelrl broker fetch|start|stop|status`: manage the embedded Kafka broker."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -14,7 +14,10 @@ def add_arguments(p) -> None:
 
 
 def _show(args, data: dict, line: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else line)
+    if args.json:
+        emit(data, indent=2)
+    else:
+        print(line)
 
 
 def run(args, cfg) -> int:

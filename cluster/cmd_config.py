@@ -1,7 +1,7 @@
 """`kernelrl config show`: print the resolved configuration (TOML, or JSON with --json)."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -14,5 +14,8 @@ def run(args, cfg) -> int:
 
     if cfg.bus.sasl_password:  # never echo secrets to terminals or logs
         cfg.bus.sasl_password = "***"
-    print(json.dumps(cfg.to_dict(), indent=2) if args.json else dump_toml(cfg))
+    if args.json:
+        emit(cfg.to_dict(), indent=2)
+    else:
+        print(dump_toml(cfg))
     return 0

