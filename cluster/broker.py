@@ -4,8 +4,11 @@ Jars come from Maven Central once (cluster/broker_fetch.py) into
 ``<cache_dir>/kafka-<version>/libs``. Each broker lives in a state dir holding its
 ``server.properties``, data (``data/``), log (``broker.log``) and ``state.json``
 (pid, ports, bootstrap address, version): ``Bus(cfg)``, ``status`` and ``stop`` read it.
-The broker listens on loopback only; its ports are chosen free at the first start and
-reused on later starts of the same state dir, so clients survive a restart.
+The broker listens on ``broker.host`` only (loopback by default); its ports are chosen free at the first
+start and reused on later starts of the same state dir, so clients survive a restart. By default any
+client that reaches the port may do anything; ``broker.auth = "sasl"`` turns on the authenticated listener:
+SASL PLAIN on every listener (the controller's too), the StandardAuthorizer with no access without an
+ACL, and one account, ``bus.sasl_username`` / ``bus.sasl_password``, a super user for kernelrl's roles.
 """
 from __future__ import annotations
 
@@ -66,6 +69,14 @@ def write_json(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, path)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (server.properties may hold the SASL password)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def read_state(cfg) -> dict:
@@ -162,22 +173,54 @@ def _max_message_bytes(cfg) -> int:
                cfg.topics.weights_max_message_bytes) + 1024 * 1024
 
 
+_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def _auth_properties(cfg, listener: str) -> dict:
+    """``broker.auth = "sasl"``: SASL PLAIN on the clients' and the controller's listener alike (brokers and
+    controllers log in with the same account), no access without an ACL, ``bus.sasl_username`` a super user.
+    config.validate keeps quotes, backslashes and line breaks out of the credentials (they go inline here)."""
+    user, password = cfg.bus.sasl_username, cfg.bus.sasl_password
+    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+            f'username="{user}" password="{password}" user_{user}="{password}";')
+    return {
+        "sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        f"listener.name.{listener.lower()}.plain.sasl.jaas.config": jaas,
+        "listener.name.controller.plain.sasl.jaas.config": jaas,
+        "authorizer.class.name": _AUTHORIZER,
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{user}",
+    }
+
+
+def client_security(cfg) -> dict:
+    """kafka-python security settings for the embedded broker as configured (readiness checks)."""
+    if cfg.broker.auth != "sasl":
+        return {}
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": cfg.bus.sasl_username, "sasl_plain_password": cfg.bus.sasl_password}
+
+
 def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int = 1, voters: str = "",
                       replicas: int = 1) -> str:
     """One KRaft node (broker and controller); ``voters`` lists the quorum of a multi-node cluster, whose
-    internal topics get ``replicas`` copies with at least 2 in sync."""
+    internal topics get ``replicas`` copies with at least 2 in sync. Every listener binds ``broker.host``."""
     host = cfg.broker.host
     max_bytes = _max_message_bytes(cfg)
     isr = 2 if replicas >= 3 else 1
+    sasl = cfg.broker.auth == "sasl"
+    name = "SASL_PLAINTEXT" if sasl else "PLAINTEXT"  # the clients' (and inter-broker) listener
     props = {
         "process.roles": "broker,controller",
         "node.id": node_id,
         "controller.quorum.voters": voters or f"{node_id}@{host}:{cport}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "listeners": f"{name}://{host}:{port},CONTROLLER://{host}:{cport}",
+        "advertised.listeners": f"{name}://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": name,
+        "listener.security.protocol.map": f"CONTROLLER:{name},{name}:{name}",
         "log.dirs": str(data_dir),
         "num.network.threads": 2,
         "num.io.threads": 4,
@@ -202,6 +245,8 @@ def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int =
         "log.retention.check.interval.ms": 300000,
         "delete.topic.enable": "true",
     }
+    if sasl:
+        props.update(_auth_properties(cfg, name))
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
@@ -238,20 +283,20 @@ def _wait_ready(cfg, proc: subprocess.Popen, port: int, deadline: float, logfile
         if proc.poll() is not None:
             raise SetupError(f"Kafka exited with code {proc.returncode} during start; "
                              f"last log lines:\n{_tail(logfile)}")
-        if _port_open(cfg.broker.host, port) and _api_ready(cfg.broker.host, port):
+        if _port_open(cfg.broker.host, port) and _api_ready(cfg.broker.host, port, cfg):
             return
         time.sleep(0.2)
     raise RetriableError(f"Kafka did not become ready within {cfg.broker.start_timeout_s}s; "
                          f"last log lines:\n{_tail(logfile)}")
 
 
-def _api_ready(host: str, port: int) -> bool:
+def _api_ready(host: str, port: int, cfg=None) -> bool:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     try:
         admin = KafkaAdminClient(bootstrap_servers=f"{host}:{port}", request_timeout_ms=3000,
-                                 client_id="kernelrl-readiness")
+                                 client_id="kernelrl-readiness", **(client_security(cfg) if cfg else {}))
     except KafkaError:
         return False
     try:
@@ -289,7 +334,7 @@ def start(cfg, tie_to_parent: bool = False) -> dict:
     sdir.mkdir(parents=True, exist_ok=True)
     port, cport = _pick_ports(cfg, st)
     props = sdir / "server.properties"
-    props.write_text(server_properties(cfg, data_dir, port, cport))
+    write_private(props, server_properties(cfg, data_dir, port, cport))
     (sdir / "log4j2.properties").write_text(_LOG4J2.format(level="WARN"))
     _format(cfg, java, libs, sdir, props, data_dir)
     logfile = sdir / "broker.log"
@@ -301,7 +346,7 @@ def start(cfg, tie_to_parent: bool = False) -> dict:
     _CHILDREN[proc.pid] = proc
     state = {"pid": proc.pid, "port": port, "controller_port": cport, "host": cfg.broker.host,
              "bootstrap": f"{cfg.broker.host}:{port}", "version": cfg.broker.kafka_version,
-             "started_at": time.time()}
+             "auth": cfg.broker.auth, "started_at": time.time()}
     _write_state(cfg, state)
     try:
         _wait_ready(cfg, proc, port, time.monotonic() + cfg.broker.start_timeout_s, logfile)

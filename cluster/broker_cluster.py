@@ -108,8 +108,8 @@ def _start_node(cfg, java, libs, ndir: Path, node_id: int, port: int, cport: int
     ndir.mkdir(parents=True, exist_ok=True)
     data = ndir / "data"
     props = ndir / "server.properties"
-    props.write_text(broker.server_properties(cfg, data, port, cport, node_id=node_id, voters=voters,
-                                              replicas=min(3, nodes)))
+    broker.write_private(props, broker.server_properties(cfg, data, port, cport, node_id=node_id, voters=voters,
+                                                         replicas=min(3, nodes)))
     (ndir / "log4j2.properties").write_text(broker._LOG4J2.format(level="WARN"))
     if not (data / "meta.properties").is_file():
         cmd = broker._java_cmd(cfg, java, libs, ndir, broker._format_args(cluster_id, props))
@@ -132,7 +132,7 @@ def _wait_node(cfg, node: dict, deadline: float) -> None:
         if not broker.pid_alive(node["pid"]):
             raise SetupError(f"Kafka node {node['id']} exited during start; last log lines:\n"
                              f"{broker._tail(logfile)}")
-        if broker._port_open(cfg.broker.host, node["port"]) and broker._api_ready(cfg.broker.host, node["port"]):
+        if broker._port_open(cfg.broker.host, node["port"]) and broker._api_ready(cfg.broker.host, node["port"], cfg):
             return
         time.sleep(0.3)
     raise RetriableError(f"Kafka node {node['id']} did not serve in time; last log lines:\n{broker._tail(logfile)}")

@@ -1,7 +1,9 @@
 """kafka-python client settings derived from the config: connection, security, tuning.
 
 One place turns ``cfg.bus`` into keyword arguments for KafkaProducer, KafkaConsumer
-and KafkaAdminClient, so every role connects the same way (SASL/TLS included).
+and KafkaAdminClient, so every role connects the same way (SASL/TLS included). With
+``broker.auth = "sasl"`` and ``bus.security_protocol`` left at PLAINTEXT, clients use SASL_PLAINTEXT +
+PLAIN: the embedded broker's authenticated listener.
 """
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ _FETCH_SLACK = 1024 * 1024  # room for record batch headers above the largest me
 def connection_kwargs(cfg, client_id: str, bootstrap: str | None = None) -> dict:
     """bootstrap + client id + security settings (passed through to kafka-python)."""
     bus = cfg.bus
+    protocol, mechanism = bus.security_protocol, bus.sasl_mechanism
+    if cfg.broker.auth == "sasl" and protocol == "PLAINTEXT":  # the embedded broker's authenticated listener
+        protocol, mechanism = "SASL_PLAINTEXT", mechanism or "PLAIN"
     kw: dict = {
         "bootstrap_servers": (bootstrap or broker.bootstrap_servers(cfg)).split(","),
         "client_id": client_id,
-        "security_protocol": bus.security_protocol,
+        "security_protocol": protocol,
         "reconnect_backoff_max_ms": bus.reconnect_backoff_max_ms,
     }
-    if bus.sasl_mechanism:
-        kw["sasl_mechanism"] = bus.sasl_mechanism
+    if mechanism:
+        kw["sasl_mechanism"] = mechanism
         if bus.sasl_username:
             kw["sasl_plain_username"] = bus.sasl_username
             kw["sasl_plain_password"] = bus.sasl_password

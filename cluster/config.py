@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ class BrokerConfig:
     # C1-only JIT + serial GC: the JVM starts about twice as fast on a small machine; turn off
     # for a long-running broker that moves a lot of data
     fast_start: bool = True
+    # Who may talk to it: "none" = any client that reaches broker.host (loopback by default) may do anything;
+    # "sasl" = SASL PLAIN on every listener, no access without an ACL, and bus.sasl_username /
+    # bus.sasl_password the one (super user) account kernelrl's roles log in with (docs/backbone.md)
+    auth: str = "none"
 
 
 @dataclass
@@ -227,7 +232,9 @@ class LearnerConfig:
     checkpoint_dir: str = ""  # default: <cache_dir>/learner-ckpt
     weight_transport: str = "kafka"  # kafka | fs | nccl
     weight_fs_dir: str = ""  # fs: the shared folder; nccl: where the learner keeps the versions it serves
-    weight_stream_host: str = "127.0.0.1"  # nccl: the learner's address as actors reach it
+    # nccl: the address the learner's TCPStore binds (only this one, never all interfaces) and announces to
+    # actors: loopback by default; a host's own address for actors on other machines
+    weight_stream_host: str = "127.0.0.1"
     weight_stream_port: int = 0  # nccl: the learner's TCPStore port (0 = a free one, announced)
     weight_stream_backend: str = "auto"  # nccl: auto (nccl with a GPU, else gloo) | nccl | gloo
     weight_stream_keep: int = 2  # nccl: versions the learner keeps serving
@@ -286,6 +293,7 @@ class Config:
 
 
 _CHOICES = {
+    "broker.auth": {"none", "sasl"},
     "sandbox.backend": {"cpu", "cuda"},
     "sandbox.isolation": {"bwrap", "none"},
     "sandbox.enforce_timing_claims": {"cuda", "all", "none"},
@@ -377,6 +385,7 @@ def validate(cfg: Config) -> Config:
     for path, port in (("broker.port", cfg.broker.port), ("learner.weight_stream_port", cfg.learner.weight_stream_port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{path}: must be 0..65535, got {port!r}")
+    _validate_access(cfg)
     if cfg.learner.weight_stream_drain_s < 0:
         raise ConfigError(f"learner.weight_stream_drain_s: must be >= 0, got {cfg.learner.weight_stream_drain_s!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
@@ -403,6 +412,30 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("topics.trajectory_max_message_bytes: must be >= 8 MiB for 128k-token trajectories, "
                           f"got {cfg.topics.trajectory_max_message_bytes!r}")
     return cfg
+
+
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
+_SASL_USER = re.compile(r"^[A-Za-z0-9._@-]+$")
+
+
+def _validate_access(cfg: Config) -> None:
+    """The addresses listeners bind, and the embedded broker's account (docs/backbone.md)."""
+    hosts = (("broker.host", cfg.broker.host), ("learner.weight_stream_host", cfg.learner.weight_stream_host))
+    for path, host in hosts:
+        if host.strip() in _WILDCARDS or any(c.isspace() or c in "/," for c in host):
+            raise ConfigError(f"{path}: must be one address or host name to bind and announce (not a wildcard), "
+                              f"got {host!r}")
+    if cfg.broker.auth == "sasl":
+        user, password = cfg.bus.sasl_username, cfg.bus.sasl_password
+        if not _SASL_USER.match(user):
+            raise ConfigError("bus.sasl_username: broker.auth 'sasl' needs the account's name (letters, digits, "
+                              f"'.', '_', '@', '-'), got {user!r}")
+        if not password or any(c in '"\\' or not c.isprintable() for c in password):
+            raise ConfigError("bus.sasl_password: broker.auth 'sasl' needs a password without quotes, backslashes "
+                              f"or control characters, got {'(empty)' if not password else '(one with them)'}")
+        if cfg.bus.sasl_mechanism not in ("", "PLAIN"):
+            raise ConfigError(f"bus.sasl_mechanism: the embedded broker's SASL listener speaks PLAIN, got "
+                              f"{cfg.bus.sasl_mechanism!r}")
 
 
 def _apply_mapping(cfg: Config, data: dict, source: str) -> None:

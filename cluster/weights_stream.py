@@ -3,7 +3,8 @@ collective (NCCL between GPUs, gloo where a side has no GPU), inside one cluster
 
 Why two-rank groups: actors join and leave at any time and a fixed NCCL world cannot, so every transfer
 is its own group (learner = rank 0, actor = rank 1), rendezvoused on a TCPStore the learner hosts
-(``nccl://host:port/<model>/<version>`` in the announcement). The learner keeps the newest
+(``nccl://host:port/<model>/<version>`` in the announcement; the store listens on that host alone,
+``learner.weight_stream_host``, loopback by default). The learner keeps the newest
 ``keep`` versions in a local folder (written like the ``fs`` transport: temp folder, fsync, rename,
 manifest) and serves one transfer at a time, so a stalled or killed actor costs at most one
 ``timeout_s`` and never stops the server. The actor hashes what it receives and checks it against the
@@ -25,6 +26,7 @@ import json
 import logging
 import re
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -102,6 +104,16 @@ def _close_group(pg) -> None:
         log.debug("process group shutdown: %s", exc)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` only (port 0: a free one)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return socket.create_server(addr, family=family, backlog=128)
+    except OSError as exc:
+        raise SetupError(f"learner.weight_stream_host/port {host}:{port}: cannot listen ({exc}); "
+                         "set the learner's own address and a free port") from exc
+
+
 class WeightStreamServer:
     """The learner's side: holds recent versions and streams them to whoever asks, one transfer at a time."""
 
@@ -113,11 +125,16 @@ class WeightStreamServer:
         self.backend = resolve_backend(backend)
         self.gpu = gpu_uuid() if self.backend == "nccl" else ""
         self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
+        listener = _listen(host, port)
         try:
-            self.store = dist.TCPStore("0.0.0.0", port, None, True, datetime.timedelta(seconds=timeout_s),
-                                       wait_for_workers=False)
+            # TCPStore binds every interface when it opens its own socket: hand it one bound to ``host`` alone
+            self.store = dist.TCPStore(host, listener.getsockname()[1], None, True,
+                                       datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                                       master_listen_fd=listener.fileno())
         except RuntimeError as exc:
+            listener.close()
             raise SetupError(f"learner.weight_stream_port {port}: cannot listen ({exc})") from exc
+        listener.detach()  # the store owns (and closes) the socket now
         self.port = int(self.store.port)
         self.served = 0
         self.failed = 0
@@ -129,7 +146,8 @@ class WeightStreamServer:
         log.info("weight stream server on %s:%d (%s), versions in %s", host, self.port, self.backend, self.root)
 
     def uri(self, model_name: str, version: int) -> str:
-        return f"nccl://{self.host}:{self.port}/{model_name}/{version}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        return f"nccl://{host}:{self.port}/{model_name}/{version}"
 
     def announcement(self, ann: WeightAnnouncement) -> WeightAnnouncement:
         """The stream announcement of a version already held (an ``fs``-layout announcement of it)."""

@@ -143,6 +143,58 @@ def test_backend_choice_is_validated(monkeypatch):
     assert ws.pick_backend("gloo", "GPU-a", "GPU-b") == "gloo"
 
 
+def listening(port: int) -> set[str]:
+    """The local addresses with a listening TCP socket on ``port`` (from /proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found = set()
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr_hex, port_hex = local.split(":")
+            if state != "0A" or int(port_hex, 16) != port:  # 0A = LISTEN
+                continue
+            raw = b"".join(bytes.fromhex(addr_hex[i:i + 8])[::-1] for i in range(0, width, 8))  # host-order words
+            found.add(str(ipaddress.ip_address(raw)))
+    return found
+
+
+def test_servers_listen_on_the_configured_address_only(src, tmp_path):
+    """The weight store binds learner.weight_stream_host alone (TCPStore on its own binds every interface),
+    announces it, and serves through it; the metrics endpoint binds loopback."""
+    from cluster import metrics
+    from cluster.config import ConfigError, Config, validate
+
+    server = ws.WeightStreamServer(tmp_path / "served", host="127.0.0.2", backend="gloo", timeout_s=8)
+    try:
+        assert listening(server.port) == {"127.0.0.2"}
+        ann = server.add("policy", 1, src)
+        assert ann.uri == f"nccl://127.0.0.2:{server.port}/policy/1"
+        with pytest.raises(ConnectionRefusedError):  # not on the other loopback address, nor on any other
+            socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+        assert _bytes(wt.receive(None, ann, tmp_path / "recv", timeout_s=20)) == _bytes(src)
+    finally:
+        server.close()
+    default = ws.WeightStreamServer(tmp_path / "served2", backend="gloo", timeout_s=8)
+    try:
+        assert listening(default.port) == {"127.0.0.1"}
+    finally:
+        default.close()
+    http = metrics.serve(0, registry=metrics.Registry())
+    try:
+        assert listening(http.server_address[1]) == {"127.0.0.1"}
+    finally:
+        http.shutdown()
+        http.server_close()
+    cfg = Config()
+    for wildcard in ("0.0.0.0", "::", ""):
+        cfg.learner.weight_stream_host = wildcard
+        with pytest.raises(ConfigError, match="learner.weight_stream_host"):
+            validate(cfg)
+    with pytest.raises(ws.SetupError, match="learner.weight_stream_host/port 192.0.2.1"):  # not this machine's
+        ws.WeightStreamServer(tmp_path / "served3", host="192.0.2.1", backend="gloo", timeout_s=8)
+
+
 @pytest.mark.gpu
 def test_stream_over_nccl_between_two_gpus(src, tmp_path):
     """The NCCL backend: the server on GPU 0, the receiver a process that sees only GPU 1 (NCCL refuses two
