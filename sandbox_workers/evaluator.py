@@ -71,10 +71,19 @@ class Evaluator:
             base = None
             if timing and cand.get("ok") and cand.get("timing"):
                 base = self.baselines(task_source)
-                if base.get("cached") and self._contradicted(cand, base):
-                    # the cached reference run may come from a quieter machine: the protocol's overhead is
-                    # measured again now, under the same load as the candidate, before the claim is rejected
+                if self._contradicted(cand, base):
+                    # a second opinion before a claim is rejected. The two sides' protocol overheads come from
+                    # different sessions, and where outputs take long to hash on the host they differ from
+                    # session to session by more than the bound's tolerance (an honest kernel at a 16 MB output
+                    # was rejected in 2 of 11 runs: docs/oracle-gpu.md, session 7). So the reference's run is
+                    # measured again now (a cached one may come from a quieter machine), and if the claim is
+                    # still contradicted the candidate is evaluated again in a fresh session; the verdict is
+                    # the second pair's. Every accepted claim still passed the bound in its own session, and
+                    # hidden work shows again in the second session.
                     base = self.baselines(task_source, use_cache=False)
+                    if self._contradicted(cand, base):
+                        cand = self._candidate(task_source, files, lib, timing)
+                        cand["second_opinion"] = True
         except ReferenceFailure as exc:
             return _done(res, t0, error=f"infrastructure: {exc} (not the solution's fault)", fault="infra")
         self._assemble(res, cand, base, timing)
@@ -259,6 +268,7 @@ class Evaluator:
         stats = cand.get("timing") or {}
         eager, comp = base.get("eager", {}), base.get("compile", {})
         res["evidence"]["baseline_cached"] = base.get("cached", False)
+        res["evidence"]["second_opinion"] = bool(cand.get("second_opinion"))
         bad = self._contradicted(cand, base)
         if bad:
             res.update(correct=False, error=bad, fault="policy", reward=-1.0)
