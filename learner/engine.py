@@ -58,6 +58,10 @@ def init_distributed() -> None:
 
             with _extension_build_guard():  # build (or load) the op alone: ranks rendezvous below
                 build_shm_op()
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # one process needs no rendezvous: torch's TCPStore on MASTER_PORT would listen on every
+            # interface, whatever MASTER_ADDR says; an in-memory store opens no socket
+            dist.init_process_group("nccl" if on_gpu() else "gloo", store=dist.HashStore(), rank=0, world_size=1)
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
 
 
