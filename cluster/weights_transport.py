@@ -45,8 +45,9 @@ class WeightsTimeout(RetriableError):
     """Not all chunks of a version arrived in time."""
 
 
-class WeightsMissing(KernelRLError):
-    """The announced location holds nothing (no folder, or no chunks at that offset): waiting will not help."""
+class WeightsMissing(WeightsCorrupt):
+    """The announced location does not hold the version (no folder; chunks the log does not have, as for a
+    half-sent version): it must not be applied, and waiting will not help."""
 
 
 class WeightsCancelled(RetriableError):
