@@ -135,6 +135,7 @@ class Case:
     text_evades: bool = False  # C++: the text rules (guards.check_cpp) must find nothing
     post: tuple[str, ...] = ()  # host-side checks after the evaluation (see test_redteam.py)
     hole: str = ""  # a hole this case reveals: xfail(strict) with this reason
+    hole_sometimes: bool = False  # the hole shows in some runs only (timing noise): xfail, not strict
     why: str = ""
 
     def build(self, ctx: Ctx) -> dict[str, str]:
@@ -646,7 +647,11 @@ TIMING = [
     Case("perf_counter_scaled", "timing", fwd(CALL, cpp_body=VERY_SLOW, header=_SCALE_CLOCK),
          ev="timing", mode="both", violations=(CONTRADICTED,)),
     Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=MEDIUM, header=_SCALE_CLOCK),
-         ev="timing_default", mode="both", reward_max=1.0,
+         ev="timing_default", mode="both", reward_max=1.0, hole_sometimes=True,
+         hole="in about half the runs on an idle 2-core machine the judge's estimate of this ~1 ms kernel comes "
+              "out near 0 (the reference's protocol overhead, measured in another session, is as large as the "
+              "candidate's whole run), so the forged claim stands and earns reward 2 (CI, 2026-12-04; 3 of 6 "
+              "runs here); the CPU default config does not reject contradicted claims",
          why="a kernel ~1 ms per call (10-50x slower than eager) claims 1/100 of its time. With the shipped settings "
              "the CPU backend rejects only gross contradictions and rewards the larger of the claim and the judge's "
              "own estimate: the forged claim must gain nothing (reward 1, as honest). (Kernels shorter than the "
