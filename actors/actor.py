@@ -57,7 +57,7 @@ class Actor:
         self._cthread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.actor_id}-tasks")
         self.follower = None
         self.stats = {"episodes": 0, "published": 0, "committed": 0, "errors": 0, "tokens": 0,
-                      "admission_waits": 0, "publish_failures": 0}
+                      "admission_waits": 0, "publish_failures": 0, "refused": 0}
         self.fatal: BaseException | None = None
         self.published_tasks: list[str] = []  # task ids in publishing order (a redelivered task shows twice)
 
@@ -181,7 +181,7 @@ class Actor:
         from cluster.bus_serve import dead_letter_record
 
         loop = asyncio.get_running_loop()
-        self.stats["refused"] = self.stats.get("refused", 0) + 1
+        self.stats["refused"] += 1
         metrics.inc("tasks_dead_lettered")
         try:
             await loop.run_in_executor(None, dead_letter_record, self.bus, rec, why)

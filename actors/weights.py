@@ -40,7 +40,6 @@ class WeightFollower:
         self.bus, self.cfg, self.policy, self.actor_id = bus, cfg, policy, actor_id
         self.dest_root = Path(dest_root)
         self.gate = VersionGate(applied=policy.version)
-        self.newest_announced = policy.version
         self.model_name = cfg.learner.model_name
         self.executor = executor
         self.errors: list[str] = []
@@ -79,7 +78,6 @@ class WeightFollower:
                     ann = rec.msg
                     if ann.model_name != self.model_name:
                         continue
-                    self.newest_announced = max(self.newest_announced, ann.version)
                     if self.gate.wants(ann):
                         self.pending[ann.version] = rec
                 due = self._due()

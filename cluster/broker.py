@@ -195,14 +195,6 @@ def _auth_properties(cfg, listener: str) -> dict:
     }
 
 
-def client_security(cfg) -> dict:
-    """kafka-python security settings for the embedded broker as configured (readiness checks)."""
-    if cfg.broker.auth != "sasl":
-        return {}
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
-            "sasl_plain_username": cfg.bus.sasl_username, "sasl_plain_password": cfg.bus.sasl_password}
-
-
 def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int = 1, voters: str = "",
                       replicas: int = 1) -> str:
     """One KRaft node (broker and controller); ``voters`` lists the quorum of a multi-node cluster, whose
@@ -290,13 +282,15 @@ def _wait_ready(cfg, proc: subprocess.Popen, port: int, deadline: float, logfile
                          f"last log lines:\n{_tail(logfile)}")
 
 
-def _api_ready(host: str, port: int, cfg=None) -> bool:
+def _api_ready(host: str, port: int, cfg) -> bool:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=f"{host}:{port}", request_timeout_ms=3000,
-                                 client_id="kernelrl-readiness", **(client_security(cfg) if cfg else {}))
+    from cluster.bus_clients import connection_kwargs
+
+    try:  # as the roles will connect (broker.auth = "sasl": with kernelrl's account)
+        admin = KafkaAdminClient(request_timeout_ms=3000,
+                                 **connection_kwargs(cfg, "kernelrl-readiness", f"{host}:{port}"))
     except KafkaError:
         return False
     try:
