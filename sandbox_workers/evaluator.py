@@ -27,7 +27,7 @@ from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = "judge-3"
+PROTOCOL_VERSION = "judge-4"
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
     def __init__(self, cfg, backend: str | None = None, device_key: str = ""):
@@ -72,15 +72,15 @@ class Evaluator:
             if timing and cand.get("ok") and cand.get("timing"):
                 base = self.baselines(task_source)
                 if self._contradicted(cand, base):
-                    # a second opinion before a claim is rejected. The two sides' protocol overheads come from
-                    # different sessions, and where outputs take long to hash on the host they differ from
-                    # session to session by more than the bound's tolerance (an honest kernel at a 16 MB output
-                    # was rejected in 2 of 11 runs: docs/oracle-gpu.md, session 7). So the reference's run is
-                    # measured again now (a cached one may come from a quieter machine), and if the claim is
-                    # still contradicted the candidate is evaluated again in a fresh session; the verdict is
-                    # the second pair's. Every accepted claim still passed the bound in its own session, and
-                    # hidden work shows again in the second session.
-                    base = self.baselines(task_source, use_cache=False)
+                    # a second opinion before a claim is rejected: noise in one session (another process on the
+                    # host, a GPU clock change) can push an honest round trip past the tolerance (an honest kernel
+                    # at a 16 MB output was rejected in 2 of 11 runs when outputs were hashed on the timed path:
+                    # docs/oracle-gpu.md, session 7). The candidate is evaluated again in a fresh session (and a
+                    # bound that came from the baseline's session is re-measured first); the verdict is the second
+                    # one's. Every accepted claim still passed the bound in its own session, and hidden work shows
+                    # again in the second session.
+                    if not ((cand.get("timing") or {}).get("trusted") or {}).get("probe"):
+                        base = self.baselines(task_source, use_cache=False)  # the bound came from the baseline
                     if self._contradicted(cand, base):
                         cand = self._candidate(task_source, files, lib, timing)
                         cand["second_opinion"] = True
@@ -296,23 +296,44 @@ class Evaluator:
 def claim_contradicted(cand: dict, base: dict, slack: float, abs_s: float) -> str:
     """Why the judge's clock contradicts the candidate's time claims ("" if it doesn't).
 
-    The remote can compute only between receiving the keys that unseal its inputs and sending
-    the digest that commits its outputs: the "run" round trip, which the judge times. What the
-    claim leaves of it is protocol overhead (pipe round trip, unsealing, digests: the same for
-    every model of the task); work hidden from the claim (before the clock, after it, on another
-    stream) shows up as more of it than the reference's run of the same protocol had.
+    The remote can compute only between receiving the keys that unseal its inputs and the judge's
+    snapshot of the outputs it placed: the "run" round trip, which the judge times. What the claim
+    leaves of it is protocol overhead (pipe round trip, unsealing, placing and copying the outputs:
+    the same for every model of the task), measured in the candidate's own session around a model
+    that does no work before the candidate's code was loaded; work hidden from the claim (before the
+    clock, after it, on another stream) shows up as more of it than that.
     """
-    tc, tb = cand.get("trusted") or {}, base.get("trusted") or {}
-    if not tc or not tb:
+    terms = _bound_terms(cand, base)
+    if terms is None:
         return ""
-    bc, bb = max(1, cand.get("batch", 1)), max(1, base.get("batch", 1))
-    allowed = max(tb["run_gap_s"], tb["run_gap_s"] / bb * bc) * (1 + slack) + abs_s
-    if tc["run_gap_s"] > allowed:
-        return (f"the judge timed {tc['run_s'] * 1e3:.3f} ms for a trial of {bc} calls claimed at "
-                f"{cand.get('median_s', 0) * 1e6:.1f} us each: {tc['run_gap_s'] * 1e3:.3f} ms unclaimed, where the "
-                f"reference's run of the same protocol left {tb['run_gap_s'] * 1e3:.3f} ms ({bb} calls; allowed "
-                f"{allowed * 1e3:.3f} ms): the time claims are contradicted")
+    bc = max(1, cand.get("batch", 1))
+    allowed = terms["overhead"] * (1 + slack) + abs_s
+    if terms["gap"] > allowed:
+        return (f"the judge timed {terms['run'] * 1e3:.3f} ms for a trial of {bc} calls claimed at "
+                f"{cand.get('median_s', 0) * 1e6:.1f} us each: {terms['gap'] * 1e3:.3f} ms unclaimed, where "
+                f"{terms['where']} left {terms['overhead'] * 1e3:.3f} ms (allowed {allowed * 1e3:.3f} ms): the time "
+                "claims are contradicted")
     return ""
+
+
+def _bound_terms(cand: dict, base: dict) -> dict | None:
+    """The candidate's run round trip and unclaimed time per trial, the protocol overhead they are held to, and
+    where it comes from. Preferred: the probe in the candidate's own session (same batch), minima against minima
+    (interference only ever adds time). Else the reference's run in the baseline session, medians, scaled to the
+    batch (noisier: another session). None when neither was measured."""
+    tc, tb = cand.get("trusted") or {}, base.get("trusted") or {}
+    if not tc:
+        return None
+    bc = max(1, cand.get("batch", 1))
+    probe = tc.get("probe") or {}
+    if probe.get("batch") == bc and "run_gap_min_s" in probe and "run_gap_min_s" in tc:
+        return {"run": tc["run_min_s"], "gap": tc["run_gap_min_s"], "overhead": max(0.0, probe["run_gap_min_s"]),
+                "where": f"the same protocol around a model doing nothing ({bc} calls, least of {probe.get('trials')})"}
+    if tb:
+        bb = max(1, base.get("batch", 1))
+        return {"run": tc["run_s"], "gap": tc["run_gap_s"], "overhead": max(tb["run_gap_s"], tb["run_gap_s"] / bb * bc),
+                "where": f"the reference's run of the same protocol ({bb} calls)"}
+    return None
 
 
 def keep_faster(old: dict, new: dict) -> dict:
@@ -334,14 +355,12 @@ def noisy(baselines: dict, max_cv: float) -> bool:
 
 
 def judged_time(cand: dict, base: dict, slack: float = 0.0, abs_s: float = 0.0) -> float:
-    """Seconds per call by the judge's clock: the "run" round trip less the protocol overhead the reference's
-    run of the same protocol had (plus a tolerance), 0.0 when either was not measured."""
-    tc, tb = cand.get("trusted") or {}, base.get("trusted") or {}
-    if not tc or not tb:
+    """Seconds per call by the judge's clock: the "run" round trip less the protocol's overhead (_bound_terms,
+    plus a tolerance), 0.0 when either was not measured."""
+    terms = _bound_terms(cand, base)
+    if terms is None:
         return 0.0
-    bc, bb = max(1, cand.get("batch", 1)), max(1, base.get("batch", 1))
-    overhead = tb["run_gap_s"] * max(1.0, bc / bb) * (1 + slack) + abs_s
-    return max(0.0, (tc["run_s"] - overhead) / bc)
+    return max(0.0, (terms["run"] - terms["overhead"] * (1 + slack) - abs_s) / max(1, cand.get("batch", 1)))
 
 
 class ReferenceFailure(Exception):

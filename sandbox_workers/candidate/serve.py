@@ -13,9 +13,13 @@ allowed; it is not what keeps the reward honest.
 Messages (judge -> here -> judge):
   load  {source, cls, init, state, library, device, compile, threads, lead_cycles} -> {ok, error}
   stage {sets: [[desc, ...], ...]}        -> {ok}   (sealed inputs copied into this process's buffers)
-  run   {keys: [int, ...]}                -> {ok, claim_s, digests}  (unseal, time the calls, digest
-                                             the outputs; the judge flushed caches first)
-  fetch {lo, hi}                          -> {ok, outs: [[desc, ...], ...]}
+  echo  {outs: [{shape, dtype}, ...]}     -> {ok}   (before any model code: a trusted stand-in model that
+                                             returns empty outputs of the task's shapes, so the judge can
+                                             time the protocol's own overhead in this process)
+  run   {keys: [int, ...], lo, hi}        -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal, time the calls,
+                                             write the outputs into the arena's [lo, hi); the judge flushed
+                                             caches first and copies the outputs out as soon as this reply
+                                             arrives, inside the round trip its clock measures)
   exit  {}
 """
 from __future__ import annotations
@@ -38,9 +42,9 @@ class Remote:
         self.model = None
         self.device = "cpu"
         self.sets: list[list] = []
-        self.outs: list[list] = []
         self.lead_cycles = 0
         self.guard_rec = policy.Recorder()
+        self.code_loaded = False
         self.locked = False
         self.seccomp = True
 
@@ -64,7 +68,7 @@ class Remote:
             op = msg.get("op")
             if op == "exit":
                 return
-            handler = {"load": self.load, "stage": self.stage, "run": self.run, "fetch": self.fetch}.get(op)
+            handler = {"load": self.load, "stage": self.stage, "run": self.run, "echo": self.echo}.get(op)
             if handler is None:
                 self.ch.send({"ok": False, "error": f"unknown op {op!r}"})
                 continue
@@ -89,6 +93,7 @@ class Remote:
             import krl
 
             krl._bind(msg["library"], self.device)
+        self.code_loaded = True
         mod = types.ModuleType(msg["module"])
         mod.__file__ = msg["module"] + ".py"
         sys.modules[msg["module"]] = mod
@@ -112,7 +117,7 @@ class Remote:
 
     def stage(self, msg: dict) -> dict:
         self.arena.remap()
-        self.sets, self.outs = [], []
+        self.sets = []
         for descs in msg["sets"]:
             vals = []
             for d in descs:
@@ -122,13 +127,25 @@ class Remote:
         self._sync()
         return {"ok": True}
 
+    def echo(self, msg: dict) -> dict:
+        """The protocol with no model work: only before any model code ran here, so its timing is honest."""
+        if self.code_loaded:
+            return {"ok": False, "error": "echo: a model was loaded already"}
+        self.device = msg.get("device", "cpu")
+        if not self.locked:
+            self.lock_down()
+        specs = [(list(o["shape"]), wire.DTYPES[o["dtype"]]) for o in msg["outs"]]
+        device = self.device
+        self.model = lambda *inputs: [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+        return {"ok": True}
+
     def run(self, msg: dict) -> dict:
         model, sets = self.model, self.sets
         if model is None:
             return {"ok": False, "error": "no model loaded"}
         # the guard's Python dispatch costs ~10 us per tensor op: it checks the calls that verify correctness
         # and the warm-up, and stays out of the measured trials (it is advice, not the trust boundary)
-        guard = self.role == "candidate" and bool(msg.get("guard", True))
+        guard = self.role == "candidate" and self.code_loaded and bool(msg.get("guard", True))
         outs = []
         keys = msg.get("keys") or []
         if len(keys) != len(sets):
@@ -153,29 +170,28 @@ class Remote:
                 for s in sets:
                     outs.append(self._call(model, s, guard))
                 claim = time.perf_counter() - t0
-        self.outs = outs
         if self.guard_rec.found:  # tripped, and the candidate swallowed the exception
             return {"ok": False, "error": "guard: " + self.guard_rec.found[0]["detail"],
                     "violations": self.guard_rec.found}
-        digests = [wire.digest(o) for o in outs]
-        return {"ok": True, "claim_s": claim / max(1, len(sets)), "digests": digests}
+        placed = self._place(outs, int(msg["lo"]), int(msg["hi"]))
+        if isinstance(placed, str):
+            return {"ok": False, "error": placed}
+        return {"ok": True, "claim_s": claim / max(1, len(sets)), "outs": placed}
 
-    def fetch(self, msg: dict) -> dict:
+    def _place(self, outs: list, lo: int, hi: int):
+        """Every call's outputs into the arena's output region (descriptors), or why they cannot go there."""
         self.arena.remap()
-        lo, hi = int(msg["lo"]), int(msg["hi"])
         descs, pos = [], lo
-        for outs in self.outs:
-            for j, o in enumerate(outs):
+        for call in outs:
+            for j, o in enumerate(call):
                 if type(o) is not torch.Tensor:
-                    return {"ok": False, "error": f"output {j}: expected a plain torch.Tensor, got "
-                                                  f"{type(o).__module__}.{type(o).__name__}"}
+                    return f"output {j}: expected a plain torch.Tensor, got {type(o).__module__}.{type(o).__name__}"
             try:
-                d, pos = self.arena.put(outs, pos, hi)
+                d, pos = self.arena.put(call, pos, hi)
             except wire.ProtocolError as exc:
-                return {"ok": False, "error": f"outputs do not fit the expected outputs' size: {exc}"}
+                return f"outputs do not fit the expected outputs' size: {exc}"
             descs.append(d)
-        self.outs = []
-        return {"ok": True, "outs": descs}
+        return descs
 
     def _call(self, model, inputs: list, guard: bool) -> list:
         if guard:

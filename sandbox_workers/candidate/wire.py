@@ -186,8 +186,8 @@ class Arena:
 
 # ---------------------------------------------------------------------- sealing
 # Inputs reach the remote sealed: every tensor's bits XORed with a pad drawn from a key the judge
-# sends only with "run". Nothing can be computed from them before the clock starts. Outputs are
-# committed by a hash in the "run" reply, so nothing can be computed after it stops either.
+# sends only with "run". Nothing can be computed from them before the clock starts. The judge copies
+# the outputs out of the arena as the "run" reply arrives, so nothing computed after it counts either.
 _BITS = {1: (torch.uint8, 256), 2: (torch.int16, 1 << 15), 4: (torch.int32, 1 << 31), 8: (torch.int64, 1 << 62)}
 
 
@@ -207,24 +207,6 @@ def seal(values: list, key: int) -> None:
         if isinstance(v, torch.Tensor) and v.numel() and not v.is_complex():
             view, pad = _pad_view(v, (key + i) % (1 << 62))
             view.bitwise_xor_(pad)
-
-
-def digest(values: list) -> list[str]:
-    """Per output, a BLAKE2b hash of its bytes: a commitment no tweak of the values within tolerance can match."""
-    import ctypes
-    import hashlib
-
-    out = []
-    for v in values:
-        if not isinstance(v, torch.Tensor) or not v.numel():
-            out.append("")
-            continue
-        t = v.detach().contiguous()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        buf = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
-        out.append(hashlib.blake2b(memoryview(buf), digest_size=16).hexdigest())
-    return out
 
 
 def nbytes_of(values: list) -> int:

@@ -270,18 +270,13 @@ TAMPER = [
             return list(out) if isinstance(out, (tuple, list)) else [out]
         sys.modules["__main__"].Remote._call = _call
         """), task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
-    Case("forged_fetch_descriptors", "tamper", fwd(CALL, header="""
+    Case("forged_output_descriptors", "tamper", fwd(CALL, header="""
         import sys
         _R = sys.modules["__main__"].Remote
-        def _fetch(self, msg):  # point the judge at the staged (input) region instead of writing outputs
-            descs = []
-            for outs in self.outs:
-                o = outs[0]
-                descs.append([{"t": "tensor", "off": 0, "nbytes": o.numel() * 4, "shape": list(o.shape),
-                               "dtype": "float32"}])
-            self.outs = []
-            return {"ok": True, "outs": descs}
-        _R.fetch = _fetch
+        def _place(self, outs, lo, hi):  # point the judge at the staged (input) region instead of writing outputs
+            return [[{"t": "tensor", "off": 0, "nbytes": call[0].numel() * 4, "shape": list(call[0].shape),
+                      "dtype": "float32"}] for call in outs]
+        _R._place = _place
         """), errors=("malformed output descriptor", "outside its region")),
     Case("import_reference_model", "tamper", fwd("return self.ref(x)", header="from model import Model",
                                                  init="self.ref = Model()"),
@@ -647,16 +642,12 @@ TIMING = [
     Case("perf_counter_scaled", "timing", fwd(CALL, cpp_body=VERY_SLOW, header=_SCALE_CLOCK),
          ev="timing", mode="both", violations=(CONTRADICTED,)),
     Case("perf_counter_scaled_cpu_default_config", "timing", fwd(CALL, cpp_body=MEDIUM, header=_SCALE_CLOCK),
-         ev="timing_default", mode="both", reward_max=1.0, hole_sometimes=True,
-         hole="in about half the runs on an idle 2-core machine the judge's estimate of this ~1 ms kernel comes "
-              "out near 0 (the reference's protocol overhead, measured in another session, is as large as the "
-              "candidate's whole run), so the forged claim stands and earns reward 2 (CI, 2026-12-04; 3 of 6 "
-              "runs here); the CPU default config does not reject contradicted claims",
+         ev="timing_default", mode="both", reward_max=1.0,
          why="a kernel ~1 ms per call (10-50x slower than eager) claims 1/100 of its time. With the shipped settings "
              "the CPU backend rejects only gross contradictions and rewards the larger of the claim and the judge's "
-             "own estimate: the forged claim must gain nothing (reward 1, as honest). (Kernels shorter than the "
-             "reference's per-call protocol overhead, ~0.1 ms here, can still gain: the estimate is then ~0; see the "
-             "digest case for a deterministic route)"),
+             "own estimate: the forged claim must gain nothing (reward 1, as honest). The estimate is the run round "
+             "trip less the protocol overhead measured in the candidate's own session before its code was loaded "
+             "(was: in the baseline's session, whose noise left the estimate near 0 in about half the runs)"),
     Case("work_in_stage_phase", "timing", fwd("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
                                               cpp_body=VERY_SLOW, init="self.pre = []", header="""
         import sys
@@ -684,67 +675,41 @@ TIMING = [
         import sys, threading
         _PENDING = []
         _R = sys.modules["__main__"].Remote
-        _fetch = _R.fetch
-        def _late(self, msg):  # finish the work while the judge waits for the outputs
+        _place = _R._place
+        def _late(self, outs, lo, hi):  # the claim's clock has stopped: finish the work, then place the outputs
             while _PENDING:
                 _PENDING.pop().join()
-            return _fetch(self, msg)
-        _R.fetch = _late
+            return _place(self, outs, lo, hi)
+        _R._place = _late
         """), ev="timing", mode="both",
-        reward_max=1.0, why="either the hash taken when run ended does not match (-1), or the work finished inside "
-                            "the run round trip and the judge's own time estimate counts it: never more than honest"),
-    Case("digest_forged_work_in_fetch", "timing", fwd(CALL, header="""
-        import sys
-        _M = sys.modules["__main__"]
-        _W = sys.modules["sandbox_workers.candidate.wire"]
-        _R = _M.Remote
-        _run, _fetch = _R.run, _R.fetch
-        _S = {"d": None}
-
-        def _forge(y, d):
-            # nudge the smallest outputs inside the tolerance until the int sum hits the committed digest
-            # (against a hash commitment the same attack can only guess: the guess is an earlier digest)
-            if isinstance(d, str):
-                return y
-            v = y.view(torch.int32).reshape(-1)
-            delta = d - int(v.to(torch.int64).sum())
-            small = (y.reshape(-1) < 0.004).nonzero().reshape(-1).tolist()
-            for i in small:
-                if delta == 0:
-                    break
-                e = float(y.reshape(-1)[i])
-                lo = int(torch.tensor([max(0.0, e - 0.0099)]).view(torch.int32)) - int(v[i])
-                hi = int(torch.tensor([e + 0.0099]).view(torch.int32)) - int(v[i])
-                step = max(lo, min(hi, delta))
-                v[i] = int(v[i]) + step
-                delta -= step
-            return y
-
-        def _fast_run(self, msg):
-            if _S["d"] is None:  # the first trial honestly: learn a typical digest
-                r = _run(self, msg)
-                d = r["digests"][0][0]
-                _S["d"] = d if isinstance(d, str) else d - 10 ** 10  # int sums: below any real sum
-                return r
-            for vals, key in zip(self.sets, msg["keys"]):
-                _W.seal(vals, int(key))  # unseal, as the real run does, and claim 8 us per call
-            self.later = True
-            return {"ok": True, "claim_s": 8e-6, "digests": [[_S["d"]] for _ in self.sets]}
-
-        def _late_fetch(self, msg):
-            if getattr(self, "later", False):
-                self.later = False
-                self.outs = []
-                for s in self.sets:
-                    y = torch.empty_like(s[0])
-                    ops.relu_f32(s[0], y, s[0].numel())
-                    self.outs.append([_forge(y, _S["d"])])
-            return _fetch(self, msg)
-
-        _R.run, _R.fetch = _fast_run, _late_fetch
-        """, cpp_body=SHORT), ev="timing", mode="both", violations=("output_commitment", CONTRADICTED), errors=MISMATCH,
-        why="the outputs are committed by a BLAKE2b hash in the run reply: no guessed digest can be matched by "
-            "nudging values (was a hole with the int-sum digest)"),
+        reward_max=1.0, why="the work finishes inside the run round trip, after the claim's clock: the bound "
+                            "rejects the claim or the judge's own time estimate counts the work: never more than "
+                            "honest"),
+    Case("outputs_written_after_the_reply", "timing", fwd("""
+        y = torch.empty_like(x)
+        t = threading.Thread(target=ops.relu_f32, args=(x, y, x.numel()))
+        t.start()
+        _PENDING.append((t, y))
+        return y
+        """, cpp_body=VERY_SLOW, header="""
+        import sys, threading
+        _PENDING = []
+        _R = sys.modules["__main__"].Remote
+        _place = _R._place
+        def _late(self, outs, lo, hi):
+            descs = _place(self, [[torch.zeros_like(o) for o in call] for call in outs], lo, hi)  # zeros now
+            work, _PENDING[:] = list(_PENDING), []
+            def finish():  # the real outputs into the arena once the reply is on its way
+                for (t, y), ds in zip(work, descs):
+                    t.join()
+                    self.arena.raw(ds[0]["off"], ds[0]["nbytes"]).copy_(y.reshape(-1).view(torch.uint8))
+            threading.Thread(target=finish, daemon=True).start()
+            return descs
+        _R._place = _late
+        """), ev="timing", mode="both", violations=(CONTRADICTED,), errors=MISMATCH,
+        why="the judge copies the outputs out of the arena as the run reply arrives: what the remote writes there "
+            "later is not seen, and what it writes before the copy ends is inside the round trip its clock "
+            "measures (was a commitment by a digest in the reply, hashed on the timed path)"),
     Case("skip_work_on_timed_calls", "timing", fwd("""
         self.calls += 1
         if self.calls > 6:

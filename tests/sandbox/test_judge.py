@@ -1,4 +1,4 @@
-"""The judge's wire: what it accepts from the remote, sealing, digests, and the claim bound."""
+"""The judge's wire: what it accepts from the remote, sealing, the claim bound and the judged time."""
 from __future__ import annotations
 
 import os
@@ -24,14 +24,6 @@ def test_sealing_hides_the_values_and_unseals_exactly(dtype):
     wire.seal([z], key=12345)
     wire.seal([z], key=12346)  # the wrong key does not unseal
     assert dtype == torch.bool or not torch.equal(x, z)
-
-
-def test_digest_commits_to_every_element():
-    x = torch.randn(1 << 16)
-    d = wire.digest([x])
-    y = x.clone()
-    y[12345] = torch.nextafter(y[12345], torch.tensor(float("inf")))  # one ulp in one element
-    assert wire.digest([y]) != d and wire.digest([x.clone()]) == d
 
 
 def _arena(tmp_path, size=1 << 16):
@@ -91,7 +83,7 @@ def test_claim_bound():
     forged = {"batch": 4, "median_s": 5e-6, "trusted": {"run_gap_s": 0.0013 - 2e-5, "run_s": 0.0013}}
     assert "contradicted" in claim_contradicted(dict(forged, trusted=dict(forged["trusted"], run_gap_s=0.0025)),
                                                 base, 0.25, 0.0005)
-    # twice the batch: twice the unsealing and digests are allowed
+    # twice the batch: twice the unsealing and output copies are allowed
     assert claim_contradicted(dict(honest, batch=8, trusted={"run_gap_s": 0.0021, "run_s": 0.003}), base,
                               0.25, 0.0005) == ""
     assert claim_contradicted({"batch": 1}, base, 0.25, 0.0005) == ""  # nothing measured: nothing to say
@@ -102,6 +94,32 @@ def test_judged_time_is_the_run_wall_less_the_reference_overhead():
 
     base = {"batch": 2, "trusted": {"run_gap_s": 0.002, "run_s": 0.004}}
     # a claim of 1 us per call over a 12 ms run of 4 calls: the judge counts (12 - 2 * 2) / 4 = 2 ms
-    assert abs(judged_time({"batch": 4, "median_s": 1e-6, "trusted": {"run_s": 0.012}}, base) - 0.002) < 1e-12
-    assert judged_time({"batch": 1, "trusted": {"run_s": 0.001}}, base) == 0.0  # never negative
+    assert abs(judged_time({"batch": 4, "median_s": 1e-6, "trusted": {"run_s": 0.012, "run_gap_s": 0.012}}, base)
+               - 0.002) < 1e-12
+    assert judged_time({"batch": 1, "trusted": {"run_s": 0.001, "run_gap_s": 0.001}}, base) == 0.0  # never negative
     assert judged_time({"batch": 1}, base) == 0.0
+
+
+def test_the_candidates_own_probe_bounds_its_claims_before_the_baseline():
+    from sandbox_workers.evaluator import claim_contradicted, judged_time
+
+    # the baseline's session had a large overhead (another session: noise); the candidate's own probe, taken in
+    # its session before its code was loaded, had a small one. A forged claim that fits the baseline's overhead
+    # is contradicted by the probe, and the judged time counts the hidden work. With the probe, the least of the
+    # trials is compared with the least of the probe's (interference only adds time).
+    base = {"batch": 4, "trusted": {"run_gap_s": 0.004, "run_s": 0.005}}
+    probe = {"run_gap_s": 0.0009, "run_gap_min_s": 0.0005, "batch": 4, "trials": 7}
+    trusted = {"run_gap_s": 0.0040, "run_s": 0.0040, "run_gap_min_s": 0.0036, "run_min_s": 0.0036}
+    forged = {"batch": 4, "median_s": 1e-6, "trusted": dict(trusted, probe=probe)}
+    unprobed = dict(forged, trusted=trusted)
+    assert claim_contradicted(unprobed, base, 0.25, 0.0005) == ""
+    assert "doing nothing" in claim_contradicted(forged, base, 0.25, 0.0005)
+    assert abs(judged_time(forged, base) - (0.0036 - 0.0005) / 4) < 1e-12
+    assert judged_time(unprobed, base) == 0.0  # the old hole: the baseline's overhead swallows the work
+    # a probe taken with another batch is not comparable: the baseline's overhead is used
+    other = dict(forged, trusted=dict(trusted, probe=dict(probe, batch=8)))
+    assert claim_contradicted(other, base, 0.25, 0.0005) == ""
+    honest = {"batch": 4, "median_s": 7e-4, "trusted": {"run_gap_s": 0.0009, "run_s": 0.0037, "run_gap_min_s": 0.0005,
+                                                      "run_min_s": 0.0033, "probe": probe}}
+    assert claim_contradicted(honest, base, 0.25, 0.0005) == ""
+    assert abs(judged_time(honest, base) - 7e-4) < 1e-12  # an honest claim is what the judge's clock says
