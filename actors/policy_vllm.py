@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.policy import GenRequest, Generation, decode_pair
+from actors.policy_api import GenRequest, Generation, decode_pair
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class VLLMPolicy:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout stays the CLI's (--json)
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from actors.policy import load_tokenizer
+        from actors.policy_api import load_tokenizer
 
         t0 = time.monotonic()
         llm = AsyncLLM.from_engine_args(engine_args(model_path, acfg, max_model_len=max_model_len))
@@ -136,12 +136,26 @@ class VLLMPolicy:
         return out
 
     async def swap_weights(self, weights_dir: str, version: int) -> float:
-        """Pause keeping in-flight requests, reload, reset the prefix cache, resume. Returns ms."""
+        """Pause keeping in-flight requests, reload from a folder, reset the prefix cache, resume. Returns ms."""
+        return await self._swap("krl_reload", {"weights_path": str(weights_dir)}, version, str(weights_dir))
+
+    async def stage_bucket(self, key: str, index: int, data: bytes) -> None:
+        """Hand one verified bucket of an in-memory version to the engine; generation goes on meanwhile."""
+        await self.llm.collective_rpc("krl_stage", args=(key, index, data))
+
+    async def drop_staged(self, key: str = "") -> None:
+        await self.llm.collective_rpc("krl_drop", args=(key,))
+
+    async def swap_staged(self, key: str, count: int, version: int) -> float:
+        """Like ``swap_weights``, loading the ``count`` buckets staged under ``key`` (no file read). Returns ms."""
+        return await self._swap("krl_apply", {"key": key, "count": int(count)}, version, f"memory ({key})")
+
+    async def _swap(self, method: str, kwargs: dict, version: int, source: str) -> float:
         async with self._swap_lock:
             t0 = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self.llm.collective_rpc("krl_reload", kwargs={"weights_path": str(weights_dir)})
+                await self.llm.collective_rpc(method, kwargs=kwargs)
                 await self.llm.update_weight_version(str(version))
                 # Kept requests hold KV blocks from the old weights: preempt them so their
                 # KV is recomputed, and drop every cached prefix (stale otherwise).
@@ -152,8 +166,8 @@ class VLLMPolicy:
             finally:
                 await self.llm.resume_generation()
             ms = (time.perf_counter() - t0) * 1000
-            self.swaps.append({"version": version, "ms": ms, "dir": str(weights_dir)})
-            log.info("weights v%d loaded from %s in %.1f ms", version, weights_dir, ms)
+            self.swaps.append({"version": version, "ms": ms, "dir": source})
+            log.info("weights v%d loaded from %s in %.1f ms", version, source, ms)
             return ms
 
     async def close(self) -> None:

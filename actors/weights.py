@@ -2,8 +2,10 @@
 
 Every actor reads all announcements (its own consumer group, from the start),
 so a fresh actor catches up to the newest version at once. A version is applied
-only after ``cluster.weights_transport.receive`` has assembled and checked it;
-a corrupt or missing version is skipped with an error and the old weights keep
+only after ``cluster.weights_transport.receive`` has assembled and checked it (a
+"buckets" version: after every bucket, received into memory by cluster.weights_buckets and
+checked, is staged in the engine, then all are loaded inside one pause, with no file written
+or read); a corrupt or missing version is skipped with an error and the old weights keep
 serving. Episodes waiting on tools are untouched: the swap only pauses the
 engine, which keeps its in-flight requests.
 
@@ -106,18 +108,50 @@ class WeightFollower:
             shutil.rmtree(stale)
             return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled)
 
+    async def _fetch(self, ann: WeightAnnouncement):
+        """Receive and verify the version; returns the coroutine function that swaps it in."""
+        loop = asyncio.get_running_loop()
+        if ann.layout == "buckets":
+            key = await self._stage(ann)
+            return lambda: self.policy.swap_staged(key, len(ann.buckets), ann.version)
+        folder = await loop.run_in_executor(self.executor, self._receive, ann)
+        return lambda: self.policy.swap_weights(str(folder), ann.version)
+
+    async def _stage(self, ann: WeightAnnouncement) -> str:
+        """In-memory version: each verified bucket goes straight to the engine's staging (no file); a version
+        that fails part-way is dropped there, and the engine never saw any of it."""
+        from cluster.weights_buckets import receive_pipelined
+        from cluster.weights_transport import WeightsCorrupt
+
+        if not hasattr(self.policy, "stage_bucket"):
+            raise WeightsCorrupt(f"weights v{ann.version}: this policy cannot load an in-memory version")
+        loop, stop = asyncio.get_running_loop(), self._stop
+        key = f"{ann.model_name}:{ann.version}:{ann.sha256[:16]}"
+
+        def submit(i: int, data: bytes):  # staged while the next bucket arrives
+            return asyncio.run_coroutine_threadsafe(self.policy.stage_bucket(key, i, data), loop)
+
+        cancelled = (lambda: stop.is_set()) if stop is not None else None
+        try:
+            await loop.run_in_executor(self.executor, lambda: receive_pipelined(
+                self.bus, ann, submit, RECEIVE_TIMEOUT_S, cancelled))
+        except BaseException:
+            await self.policy.drop_staged(key)
+            raise
+        return key
+
     async def apply(self, rec: Any) -> bool:
         """Receive, verify and swap in the announced version of ``rec``; False if it is not applied."""
         ann = rec.msg
         loop = asyncio.get_running_loop()
         try:
-            folder = await loop.run_in_executor(self.executor, self._receive, ann)
+            swap = await self._fetch(ann)
         except Exception as exc:  # noqa: BLE001 - a bad version is skipped; the old weights keep serving
             why = self._failed(ann, exc)
             if why:
                 await loop.run_in_executor(self.executor, self._letter, rec, why)
             return False
-        ms = await self.policy.swap_weights(str(folder), ann.version)
+        ms = await swap()
         self.gate.mark_applied(ann.version)
         self.pending = {v: a for v, a in self.pending.items() if v > ann.version}
         self.applied.append({"version": ann.version, "swap_ms": ms})

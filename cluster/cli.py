@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "learner": ("learner.cmd", "run the PPO learner"),
     "sandbox": ("sandbox_workers.cmd_sandbox", "one-shot compile + verify + profile without the bus"),
     "stress": ("sandbox_workers.cmd_stress", "flood the sandbox topics and report throughput"),
-    "bench": ("cluster.cmd_bench", "benchmarks: bus, compile, actor, learner"),
+    "bench": ("cluster.cmd_bench", "benchmarks: bus, compile, actor, learner, weights"),
     "replay": ("cluster.cmd_replay", "replay trajectories by offset or time range"),
     "weights": ("cluster.cmd_weights", "push a checkpoint folder as a new policy version"),
     "chaos": ("cluster.cmd_chaos", "kill roles at random during a run and check nothing is lost"),

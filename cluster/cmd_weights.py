@@ -1,7 +1,8 @@
 """`kernelrl weights push --path DIR`: send a checkpoint folder (Hugging Face layout)
 as the next policy version and announce it; every running actor swaps it in.
 `kernelrl weights list` shows the announced versions. With ``--transport nccl`` the command itself
-serves the version (as the learner would) for ``--serve-s`` seconds or until Ctrl-C."""
+serves the version (as the learner would) for ``--serve-s`` seconds or until Ctrl-C. ``--layout buckets``
+(kafka) sends the folder's tensors as in-memory buckets that actors load without a disk round trip."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--serve-s", type=float, default=600.0,
                    help="nccl: how long to keep serving the version to actors (default 600)")
     p.add_argument("--model-name", help="default: learner.model_name")
+    p.add_argument("--layout", choices=["files", "buckets"], help="default: learner.weight_layout (buckets: kafka)")
 
 
 def announcements(bus, model_name: str) -> list:
@@ -30,27 +32,35 @@ def run(args, cfg) -> int:
     from cluster import weights_transport as wt
     from cluster.bus import Bus
     from cluster.config import run_cache_path
-    from cluster.errors import KernelRLError
+    from cluster.errors import InputError, KernelRLError
 
     model = args.model_name or cfg.learner.model_name
+    transport = args.transport or cfg.learner.weight_transport
+    layout = args.layout or cfg.learner.weight_layout
     if args.action == "push":  # before the broker is asked anything
         _check_folder(args.path)
+        if layout == "buckets" and transport != "kafka":
+            raise InputError(f"--layout buckets needs --transport kafka, not {transport!r}")
     with Bus(cfg, client_id="kernelrl-weights") as bus:
         bus.ensure_topics()
         seen = announcements(bus, model)
         if args.action == "list":
             for a in seen:
-                print(json.dumps({"version": a.version, "transport": a.transport, "uri": a.uri,
-                                  "bytes": a.total_bytes, "sha256": a.sha256, "step": a.step}))
+                print(json.dumps({"version": a.version, "transport": a.transport, "layout": a.layout,
+                                  "uri": a.uri, "bytes": a.total_bytes, "sha256": a.sha256, "step": a.step}))
             return 0
         newest = max((a.version for a in seen), default=0)
         version = args.version if args.version is not None else newest + 1
         if version <= newest:
             raise KernelRLError(f"--version {version}: versions are monotonic and {newest} is already announced")
-        transport = args.transport or cfg.learner.weight_transport
         producer, stream = bus.producer(), None
         try:
-            if transport == "kafka":
+            if layout == "buckets":
+                from cluster import weights_buckets as wb
+
+                ann = wb.publish_kafka_buckets(producer, model, version, wb.pack(
+                    wb.folder_tensors(args.path), cfg.learner.weight_bucket_bytes), cfg.learner.chunk_bytes)
+            elif transport == "kafka":
                 ann = wt.publish_kafka(producer, model, version, args.path, cfg.learner.chunk_bytes)
             elif transport == "nccl":
                 from cluster.weights_stream import server_from_config
@@ -63,8 +73,8 @@ def run(args, cfg) -> int:
             wt.announce(producer, ann)
         finally:
             producer.close()
-    print(json.dumps({"model_name": model, "version": version, "transport": transport, "uri": ann.uri,
-                      "bytes": ann.total_bytes, "sha256": ann.sha256}), flush=True)
+    print(json.dumps({"model_name": model, "version": version, "transport": transport, "layout": layout,
+                      "uri": ann.uri, "bytes": ann.total_bytes, "sha256": ann.sha256}), flush=True)
     if stream is not None:
         _serve_for(stream, args.serve_s)
     return 0

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from cluster import weights_fs as wfs
 from cluster.errors import KernelRLError, RetriableError, SetupError
 from schemas.messages import WeightAnnouncement
 
@@ -156,9 +157,7 @@ class WeightStreamServer:
 
     def add(self, model_name: str, version: int, folder: str | Path, step: int = 0) -> WeightAnnouncement:
         """Take a copy of ``folder`` as version ``version`` (durable before returning) and drop old versions."""
-        from cluster import weights_transport as wt
-
-        ann = wt.publish_fs(self.root, model_name, version, folder, step=step)
+        ann = wfs.publish_fs(self.root, model_name, version, folder, step=step)
         self._prune(model_name)
         self._last = time.monotonic()
         return self.announcement(ann)
@@ -202,16 +201,14 @@ class WeightStreamServer:
             nxt += 1
 
     def _serve_ticket(self, n: int) -> None:
-        from cluster import weights_transport as wt
-
         self.store.wait([f"t{n}/want"], datetime.timedelta(seconds=10))  # set right after the ticket is taken
         model_name, _, version = self.store.get(f"t{n}/want").decode().rpartition(":")
         if not version.isdigit() or not model_name or "/" in model_name or model_name.startswith("."):
             raise KernelRLError(f"transfer {n}: bad request {model_name!r}:{version!r}")
-        folder = wt.version_dir(self.root, model_name, int(version))
+        folder = wfs.version_dir(self.root, model_name, int(version))
         try:
             # opened up front: pruning may delete the folder mid-transfer, open files stay readable
-            handles = [open(p, "rb") for p in wt.version_files(folder)] if (folder / wt.MANIFEST).is_file() else []
+            handles = [open(p, "rb") for p in wfs.version_files(folder)] if (folder / wfs.MANIFEST).is_file() else []
         except FileNotFoundError:
             handles = []
         if not handles:

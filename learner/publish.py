@@ -3,7 +3,9 @@
 Every rank calls ``export_policy`` (ZeRO-3 gathers parameters collectively);
 rank 0 writes the folder (safetensors + config + the base model's tokenizer
 files) and publishes it with cluster.weights_transport, announcing only once all
-bytes are durable.
+bytes are durable. With ``learner.weight_layout = "buckets"`` (kafka) nothing is written:
+rank 0 packs the gathered tensors into buckets (cluster.weights_buckets) and sends them from
+memory; actors load them straight into their engines.
 """
 from __future__ import annotations
 
@@ -51,6 +53,12 @@ def export_policy(module, zero_stage: int, out_dir: str | Path, base_path: str |
     return out
 
 
+def checkpoint_tensors(module, sd: dict) -> list[tuple[str, object]]:
+    """The state dict's tensors as a checkpoint holds them: tied copies (a tied LM head) are left out."""
+    tied = getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None) or {}
+    return sorted((k, v) for k, v in sd.items() if k not in set(tied))
+
+
 class Publisher:
     """Rank 0's side of weight publishing; other ranks only take part in the export."""
 
@@ -59,6 +67,9 @@ class Publisher:
         self.producer = producer
         lc = cfg.learner
         self.transport = lc.weight_transport
+        self.buckets = lc.weight_layout == "buckets"
+        if self.buckets and self.transport != "kafka":
+            raise SetupError(f"learner.weight_layout 'buckets' needs weight_transport 'kafka', not {self.transport!r}")
         self.stream = None
         if self.transport == "fs":
             from cluster.config import run_cache_path
@@ -77,6 +88,11 @@ class Publisher:
         """Export + send + announce version; returns (announcement, seconds) on rank 0, (None, s) elsewhere."""
         lc = self.cfg.learner
         t0 = time.perf_counter()
+        if self.buckets:
+            sd = _state_dict(module, lc.zero_stage)  # every rank: ZeRO-3 gathers collectively
+            ann = self.send_buckets(checkpoint_tensors(module, sd), version, step) if sd is not None else None
+            eng.barrier()
+            return ann, time.perf_counter() - t0
         ann = None
         if self.transport in ("fs", "nccl") and eng.rank_world()[0] == 0:
             ann = wt.existing_fs(self.fs_root, lc.model_name, version, step)
@@ -106,6 +122,18 @@ class Publisher:
         if self.producer is not None:
             wt.announce(self.producer, ann)
         log.info("published %s v%d (%d bytes via %s)", lc.model_name, version, ann.total_bytes, self.transport)
+        return ann
+
+    def send_buckets(self, tensors, version: int, step: int):
+        """Send (name, tensor) pairs as in-memory buckets over Kafka and announce them (rank 0)."""
+        from cluster import weights_buckets as wb
+
+        lc = self.cfg.learner
+        ann = wb.publish_kafka_buckets(self.producer, lc.model_name, version, wb.pack(tensors, lc.weight_bucket_bytes),
+                                       lc.chunk_bytes, step=step)
+        wt.announce(self.producer, ann)
+        log.info("published %s v%d (%d bytes in %d buckets via kafka, from memory)", lc.model_name, version,
+                 ann.total_bytes, len(ann.buckets))
         return ann
 
     def close(self) -> None:

@@ -220,7 +220,8 @@ class WeightAnnouncement:
     """A new policy version is complete and may be applied."""
 
     KIND = "weight_announcement"
-    VERSION = 1
+    VERSION = 2  # 2 added layout, buckets, bucket_bytes (their defaults keep a version-1 record's meaning)
+    MIN_READER = 1  # a version-1 reader drops them and refuses a "buckets" version: its chunks match no ``files``
     model_name: str
     version: int
     transport: str  # kafka | fs | nccl
@@ -231,6 +232,12 @@ class WeightAnnouncement:
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 of its bytes
     step: int = 0
     created_ms: int = field(default_factory=now_ms)
+    # "files": a Hugging Face folder (above). "buckets": an ordered list of in-memory buckets (each the
+    # safetensors serialisation of some of the policy's tensors, chunk file name "bucket-<i>"), loaded
+    # straight into the engine; ``files`` is empty and ``sha256`` covers the "bucket-<i> <sha256>" lines.
+    layout: str = "files"
+    buckets: list[str] = field(default_factory=list)  # sha256 of each bucket's bytes, in order
+    bucket_bytes: list[int] = field(default_factory=list)  # each bucket's size in bytes
 
 
 @dataclass
