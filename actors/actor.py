@@ -3,7 +3,8 @@
 A task's offset is committed only after its trajectory is acknowledged by all
 replicas (and only once every earlier task of its partition is done too), so
 an actor killed at any moment loses no task: the group hands it to another
-actor. New episodes are not started while the policy lags the newest announced
+actor. A trajectory the broker refuses for good (too large) dead-letters its
+task with the reason, and the partition moves on. New episodes are not started while the policy lags the newest announced
 version by more than ``actor.max_version_lag`` (admission control).
 Consumer calls run on one dedicated thread (kafka-python is not thread-safe).
 """
@@ -28,7 +29,7 @@ from actors.tools_local import LocalTools
 from actors.tools_remote import RemoteTools
 from actors.workspace import Workspace, single_turn_skill_text, skill_text
 from cluster import metrics
-from cluster.errors import RetriableError
+from cluster.errors import RetriableError, is_retriable, retry_async
 from schemas import topics as T
 from schemas.messages import Task, Trajectory, new_id
 
@@ -97,6 +98,8 @@ class Actor:
                 try:
                     recs = await loop.run_in_executor(self._cthread, _poll, consumer, want)
                 except RetriableError as exc:  # broker away: running episodes go on; poll again later
+                    if not is_retriable(exc):  # e.g. no longer authorized: polling again cannot help
+                        raise
                     log.warning("task poll failed (%s); retrying", exc)
                     await asyncio.sleep(1.0)
                     continue
@@ -151,7 +154,7 @@ class Actor:
     async def _episode(self, rec: Any, consumer: Any) -> None:
         task: Task = rec.msg
         t0 = time.monotonic()
-        metrics.inc("episodes_in_flight")
+        metrics.add_gauge("episodes_in_flight", 1)
         try:
             traj = await self.run_episode(task)
         except PolicyFailure as exc:
@@ -166,15 +169,13 @@ class Actor:
             await self._refuse(rec, consumer, f"episode could not start: {type(exc).__name__}: {exc}")
             return
         finally:
-            metrics.inc("episodes_in_flight", -1)
+            metrics.add_gauge("episodes_in_flight", -1)
         _record_episode(traj, time.monotonic() - t0)
         traj.metadata.update({"task_offset": rec.offset, "task_partition": rec.partition,
                               "episode_s": round(time.monotonic() - t0, 3)})
         self.stats["episodes"] += 1
         self.stats["tokens"] += int(traj.loss_mask.sum())
-        if not await self._publish(traj):
-            return  # not committed: the task will be redelivered
-        await self._commit_done(rec, consumer)
+        await self._publish_and_commit(rec, consumer, traj)
 
     async def _refuse(self, rec: Any, consumer: Any, why: str) -> None:
         """Dead-letter a task with the reason, then commit past it as if its episode had finished."""
@@ -196,21 +197,33 @@ class Actor:
             ok = await asyncio.get_running_loop().run_in_executor(self._cthread, consumer.commit, commit_to)
             self.stats["committed"] += int(bool(ok))
 
-    async def _publish(self, traj: Trajectory) -> bool:
-        loop = asyncio.get_running_loop()
-        for attempt in range(5):
-            try:
-                await loop.run_in_executor(None, lambda: self.producer.send(
-                    T.TRAJECTORIES, traj, key=traj.task_id).get(timeout=60))
-                self.stats["published"] += 1
-                metrics.inc("trajectories_published")
-                self.published_tasks.append(traj.task_id)
-                return True
-            except Exception as exc:  # noqa: BLE001 - retry any delivery failure, then leave uncommitted
-                self.stats["publish_failures"] += 1
-                log.warning("publishing trajectory %s failed (attempt %d): %s", traj.episode_id, attempt, exc)
-                await asyncio.sleep(min(2 ** attempt, 10))
-        return False
+    async def _publish_and_commit(self, rec: Any, consumer: Any, traj: Trajectory) -> None:
+        """Publish the trajectory, then commit its task. A transient failure is retried; one no retry can fix
+        (a trajectory larger than the broker takes, ...) dead-letters the task with the reason and commits past
+        it, so its partition moves on; retries spent leave it uncommitted (redelivered to another actor)."""
+        try:
+            await retry_async(lambda: self._publish(traj), f"publishing trajectory {traj.episode_id}",
+                              attempts=5, backoff_s=1.0, max_backoff_s=10.0)
+        except Exception as exc:  # noqa: BLE001 - sorted by is_retriable below
+            if is_retriable(exc):
+                log.error("trajectory %s of task %s not published after retries; leaving the task uncommitted: %s",
+                          traj.episode_id, traj.task_id, exc)
+                return
+            await self._refuse(rec, consumer, f"trajectory unpublishable (not retriable): {type(exc).__name__}: {exc}")
+            return
+        await self._commit_done(rec, consumer)
+
+    async def _publish(self, traj: Trajectory) -> None:
+        """One attempt to publish ``traj`` and wait for its ack."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, lambda: self.producer.send(
+                T.TRAJECTORIES, traj, key=traj.task_id).get(timeout=60))
+        except Exception:
+            self.stats["publish_failures"] += 1
+            raise
+        self.stats["published"] += 1
+        metrics.inc("trajectories_published")
+        self.published_tasks.append(traj.task_id)
 
 
 REMOTE_TOOLS = ("compile", "verify", "profile")
@@ -225,7 +238,7 @@ def _record_episode(traj: Trajectory, seconds: float) -> None:
     for turn in traj.turns:
         if turn.tool_name in REMOTE_TOOLS:
             metrics.inc("tool_calls_sent")
-            metrics.observe(f"tool_latency_s.{turn.tool_name}", turn.tool_latency_s)
+            metrics.observe("tool_latency_s", turn.tool_latency_s, tool=turn.tool_name)
 
 
 def _poll(consumer: Any, free: int) -> list:

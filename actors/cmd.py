@@ -37,7 +37,7 @@ async def _main(args, cfg) -> int:
         loop.add_signal_handler(sig, stop.set)
     from cluster import metrics
 
-    metrics.serve_from_env("actor", policy=cfg.actor.policy)
+    metrics.serve_from_env("actor", cfg.cluster.metrics_host, policy=cfg.actor.policy)
     model = resolve_model(cfg, args.model)
     policy = await make_policy(cfg, model)
     try:

@@ -1,4 +1,4 @@
-"""The policy interface the agent loop talks to, the scripted backend, and the factory.
+"""The policy factory (a backend by name) and the scripted backend; re-exports the interface of policy_api.py.
 
 A policy turns the episode's token stream (and, for chat endpoints, its
 messages) into one assistant turn: the token ids it produced, the behaviour
@@ -9,51 +9,13 @@ of its own) and ``openai`` (an OpenAI-compatible endpoint; evaluation only).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from actors.policy_api import GenRequest, Generation, Policy, decode_pair, load_tokenizer
+
+__all__ = ["GenRequest", "Generation", "Policy", "ScriptedPolicy", "decode_pair", "load_tokenizer", "make_policy"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    max_tokens: int
-    request_id: str
-    messages: list[dict] = field(default_factory=list)  # same conversation, as chat messages
-    turn: int = 0  # index of this assistant turn in the episode
-    script: list[str] | None = None  # scripted backend: this episode's turns (from the task)
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str  # stop | length | abort
-    text: str = ""  # decoded without special tokens, for tool-call parsing
-    last_token_text: str = ""  # decoded last token with special tokens (the end-of-turn marker)
-
-
-class Policy(Protocol):
-    name: str
-    has_logprobs: bool
-    trainable: bool  # False for backends whose tokens are not the engine's own (openai)
-    tokenizer: Any
-
-    @property
-    def version(self) -> int: ...
-
-    async def generate(self, req: GenRequest) -> Generation: ...
-
-    async def close(self) -> None: ...
-
-
-def decode_pair(tokenizer: Any, ids: list[int]) -> tuple[str, str]:
-    """(text without special tokens, text of the last token with specials)."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    last = tokenizer.decode(ids[-1:], skip_special_tokens=False) if ids else ""
-    return text, last
 
 
 class ScriptedPolicy:
@@ -94,12 +56,6 @@ class ScriptedPolicy:
 
     async def close(self) -> None:
         return None
-
-
-def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
 
 
 async def make_policy(cfg: Any, model_path: str, *, scripted_turns: list[str] | None = None) -> Policy:

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from actors.policy import GenRequest, Generation, decode_pair
+from actors.policy_api import GenRequest, Generation, decode_pair
 from cluster.errors import KernelRLError, RetriableError
 
 log = logging.getLogger(__name__)

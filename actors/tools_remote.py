@@ -26,6 +26,7 @@ from typing import Any
 
 from actors.tools_local import ToolResult, truncate
 from actors.workspace import Workspace
+from cluster.errors import is_retriable
 from schemas import topics as T
 from schemas.messages import (FAULT_INFRA, FAULT_POLICY, CompileRequest, CompileResult, EvaluateRequest,
                               EvaluateResult, RequestHeader, Task, fault_of)
@@ -98,7 +99,7 @@ class RemoteTools:
                 return None, infra_text(f"the {what} timed out with no reply ({exc})"), FAULT_INFRA
             except Exception as exc:  # noqa: BLE001 - any transport failure is an observation, not a crash
                 log.warning("remote tool request failed (attempt %d): %s", attempt, exc)
-                if getattr(exc, "retriable", False) and not last:
+                if is_retriable(exc) and not last:
                     continue
                 return None, infra_text(f"remote tool unavailable: {type(exc).__name__}: {exc}"), FAULT_INFRA
             fault = fault_of(reply)

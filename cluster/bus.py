@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from cluster.bus_clients import consumer_kwargs, producer_kwargs
-from cluster.errors import KernelRLError, RetriableError
+from cluster.bus_rpc import AsyncRequestClient, RequestClient, RequestTimeout, serve  # re-exported
+from cluster.errors import KernelRLError, RetriableError, is_retriable
 from schemas import codec
 from schemas import topics as T
 from schemas.messages import DeadLetter
@@ -24,7 +25,13 @@ log = logging.getLogger(__name__)
 
 
 class BusError(RetriableError):
-    """Kafka refused or could not deliver (broker down, timeout): retrying may help."""
+    """Kafka refused or could not deliver. Retriable (broker down, timeout) unless the kafka-python error it
+    wraps (``cause``) says a retry cannot help (a record too large, no authorization)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        if cause is not None:
+            self.retriable = is_retriable(cause)
 
 
 class MessageTooLarge(KernelRLError):
@@ -141,7 +148,7 @@ class _Future:
         try:
             return self._inner.get(timeout=timeout)
         except KafkaError as exc:
-            raise BusError(f"delivery failed: {type(exc).__name__}: {exc}") from exc
+            raise BusError(f"delivery failed: {type(exc).__name__}: {exc}", exc) from exc
 
     def add_callback(self, fn):
         self._inner.add_callback(fn)
@@ -165,7 +172,24 @@ class Producer:
         self.bus = bus
         self.max_bytes = bus.cfg.bus.max_message_bytes
         client_id = overrides.pop("client_id", f"{bus.client_id}-producer")
-        self._p = KafkaProducer(**producer_kwargs(bus.cfg, client_id, bus.bootstrap, **overrides))
+        self._kwargs = producer_kwargs(bus.cfg, client_id, bus.bootstrap, **overrides)
+        self._lock = threading.Lock()
+        self._p = KafkaProducer(**self._kwargs)
+
+    def _client(self):
+        """The KafkaProducer, replaced first if a refused record left it failed for good: kafka-python (3.0.12)
+        puts an idempotent producer in a fatal state after any non-retriable batch error (e.g. a record larger
+        than the topic takes), and every later send would fail the same. One bad record costs only itself."""
+        from kafka import KafkaProducer
+
+        with self._lock:
+            tm = getattr(self._p, "_transaction_manager", None)
+            if tm is not None and tm.has_fatal_error():
+                log.warning("producer %s failed for good (%s); replacing it", self._kwargs["client_id"],
+                            tm.last_error)
+                self._p.close(timeout=0)
+                self._p = KafkaProducer(**self._kwargs)
+            return self._p
 
     def send(self, topic: str, msg, key=None, partition: int | None = None) -> _Future:
         """Encode and send ``msg`` to a logical (or full) topic; returns a future."""
@@ -181,11 +205,11 @@ class Producer:
                                   f"bus.max_message_bytes={self.max_bytes}")
         headers = [("k", kind.encode())] if kind else None
         try:
-            fut = self._p.send(self.bus.topic(topic), value=payload, key=_key_bytes(key),
+            fut = self._client().send(self.bus.topic(topic), value=payload, key=_key_bytes(key),
                                partition=partition, headers=headers)
         except KafkaError as exc:
             raise BusError(f"send to {topic} failed: {type(exc).__name__}: {exc} "
-                           "(does the topic exist? `kernelrl topics create`)") from exc
+                           "(does the topic exist? `kernelrl topics create`)", exc) from exc
         return _Future(fut)
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -194,7 +218,7 @@ class Producer:
         try:
             self._p.flush(timeout=timeout_s)
         except KafkaError as exc:
-            raise BusError(f"flush failed: {exc}") from exc
+            raise BusError(f"flush failed: {exc}", exc) from exc
 
     def partitions(self, topic: str) -> set[int]:
         return self._p.partitions_for(self.bus.topic(topic))
@@ -252,7 +276,7 @@ class Consumer:
         try:
             batches = self._c.poll(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
-            raise BusError(f"poll failed: {type(exc).__name__}: {exc}") from exc
+            raise BusError(f"poll failed: {type(exc).__name__}: {exc}", exc) from exc
         self._watch_membership()
         out: list[Received] = []
         for tp, records in batches.items():
@@ -329,7 +353,7 @@ class Consumer:
             return False
         except KafkaError as exc:
             self.stats["commit_failures"] += 1
-            raise BusError(f"commit failed: {type(exc).__name__}: {exc}") from exc
+            raise BusError(f"commit failed: {type(exc).__name__}: {exc}", exc) from exc
         self.stats["commits"] += 1
         for tp, o in targets.items():
             self._committed[tp] = max(o, self._committed.get(tp, -1))
@@ -436,8 +460,6 @@ class _Listener(_listener_base()):
     def on_partitions_lost(self, lost):
         self._consumer._forget(lost)
 
-
-from cluster.bus_rpc import AsyncRequestClient, RequestClient, RequestTimeout, serve  # noqa: E402
 
 __all__ = ["Bus", "Producer", "Consumer", "Received", "BusError", "MessageTooLarge",
            "RequestClient", "AsyncRequestClient", "RequestTimeout", "serve"]

@@ -7,7 +7,7 @@ PLAIN: the embedded broker's authenticated listener.
 """
 from __future__ import annotations
 
-from cluster import broker
+from cluster import broker_state
 
 _FETCH_SLACK = 1024 * 1024  # room for record batch headers above the largest message
 
@@ -19,7 +19,7 @@ def connection_kwargs(cfg, client_id: str, bootstrap: str | None = None) -> dict
     if cfg.broker.auth == "sasl" and protocol == "PLAINTEXT":  # the embedded broker's authenticated listener
         protocol, mechanism = "SASL_PLAINTEXT", mechanism or "PLAIN"
     kw: dict = {
-        "bootstrap_servers": (bootstrap or broker.bootstrap_servers(cfg)).split(","),
+        "bootstrap_servers": (bootstrap or broker_state.bootstrap_servers(cfg)).split(","),
         "client_id": client_id,
         "security_protocol": protocol,
         "reconnect_backoff_max_ms": bus.reconnect_backoff_max_ms,

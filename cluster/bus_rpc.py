@@ -22,7 +22,8 @@ import threading
 import zlib
 from typing import Any, Callable
 
-from cluster.errors import KernelRLError, RetriableError
+from cluster.bus_serve import default_error_reply, serve  # re-exported
+from cluster.errors import KernelRLError, RetriableError, is_retriable
 from schemas import topics as T
 from schemas.messages import new_id, now_ms
 
@@ -33,11 +34,30 @@ class RequestTimeout(RetriableError):
     """No reply arrived within the timeout after all retries."""
 
 
+class RequestRefused(KernelRLError):
+    """The broker refused the request for good (too large, not authorized): no retry can deliver it."""
+
+
 class _Pending:
     __slots__ = ("deliver",)
 
     def __init__(self, deliver: Callable[[Any], None]):
         self.deliver = deliver
+
+
+class _Failed:
+    """Delivered in place of a reply when the request cannot be answered (a send no retry can fix)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _unwrap(result):
+    if isinstance(result, _Failed):
+        raise result.exc
+    return result
 
 
 class RequestClient:
@@ -46,8 +66,6 @@ class RequestClient:
     RECENT = 8192  # finished request ids remembered to tell duplicates/late replies apart
 
     def __init__(self, bus, name: str, partition: int | None = None):
-        from cluster.bus import Consumer
-
         self.bus = bus
         self.name = name
         self.reply_topic = bus.topic(T.TOOL_REPLIES)
@@ -56,14 +74,15 @@ class RequestClient:
         if n == 0:
             raise KernelRLError(f"topic {self.reply_topic} does not exist: run `kernelrl topics create`")
         self.partition = (zlib.crc32(name.encode()) % n) if partition is None else partition % n
-        self._consumer = Consumer(bus, [], None, assign=[(T.TOOL_REPLIES, self.partition)],
-                                  fetch_max_wait_ms=bus.cfg.bus.fetch_max_wait_ms)
+        self._consumer = bus.consumer([], None, assign=[(T.TOOL_REPLIES, self.partition)],
+                                      fetch_max_wait_ms=bus.cfg.bus.fetch_max_wait_ms)
         self._seek_to_end()
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.stats = collections.Counter()
         self._stop = threading.Event()
+        self._broken: KernelRLError | None = None
         self._thread = threading.Thread(target=self._read_loop, name=f"replies-{name}", daemon=True)
         self._thread.start()
 
@@ -79,7 +98,10 @@ class RequestClient:
         while not self._stop.is_set():
             try:
                 records = self._consumer.poll(timeout_s=0.1)
-            except RetriableError as exc:
+            except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others end the reader
+                if not is_retriable(exc):
+                    self._break(exc)
+                    return
                 log.warning("reply poll failed (%s); retrying", exc)
                 self._stop.wait(0.5)
                 continue
@@ -100,6 +122,24 @@ class RequestClient:
             pending.deliver(reply)
         else:
             log.debug("dropped reply for %s (%s)", rid, self._recent.get(rid, "unknown id"))
+
+    def _break(self, exc: BaseException) -> None:
+        """The reply reader hit an error no retry can fix: fail every waiting request, and every later one."""
+        log.error("reply reader of %s stopped: %s: %s", self.name, type(exc).__name__, exc)
+        self._broken = KernelRLError(f"request client {self.name} cannot read its replies: {type(exc).__name__}: {exc}")
+        with self._lock:
+            rids = list(self._pending)
+        for rid in rids:
+            self._fail(rid, self._broken)
+
+    def _fail(self, rid: str, exc: BaseException) -> None:
+        """Answer request ``rid`` with ``exc`` (raised to its caller at once, not after the timeouts)."""
+        with self._lock:
+            pending = self._pending.pop(rid, None)
+            if pending is not None:
+                self._remember(rid, "abandoned")
+        if pending is not None:
+            pending.deliver(_Failed(exc))
 
     def _remember(self, rid: str, what: str) -> None:
         self._recent[rid] = what
@@ -124,12 +164,16 @@ class RequestClient:
         return dataclasses.replace(msg, header=header)
 
     def _send(self, topic: str, msg, key) -> None:
-        """Send without waiting for the ack: a lost request shows up as a timeout and is retried."""
+        """Send without waiting for the ack: a lost request shows up as a timeout and is retried; one the
+        broker refuses for good (too large, not authorized) fails the request at once."""
         rid = msg.header.request_id
 
         def failed(exc):
             self.stats["send_errors"] += 1
             log.warning("request %s to %s not delivered: %s", rid, topic, exc)
+            if not is_retriable(exc):
+                self._fail(rid, RequestRefused(f"request {rid} to {topic} refused by the broker: "
+                                               f"{type(exc).__name__}: {exc}"))
 
         self._producer.send(topic, msg, key=key).add_errback(failed)
 
@@ -137,6 +181,8 @@ class RequestClient:
         cfg = self.bus.cfg.bus
         if not hasattr(msg, "header"):
             raise KernelRLError(f"{type(msg).__name__} is not a request (it has no header)")
+        if self._broken is not None:
+            raise self._broken
         rid = msg.header.request_id or new_id()
         return (rid, cfg.request_timeout_s if timeout_s is None else timeout_s,
                 cfg.request_retries if retries is None else retries,
@@ -166,13 +212,15 @@ class RequestClient:
                     self.stats["retries"] += 1
                 try:
                     self._send(topic, self._prepare(msg, rid, attempt, timeout_s), key)
-                except RetriableError as exc:
+                except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others fail the request
+                    if not is_retriable(exc):
+                        raise
                     log.warning("request %s attempt %d: send failed: %s", rid, attempt, exc)
                 if done.wait(timeout_s):
-                    return box[0]
+                    return _unwrap(box[0])
                 self.stats["timeouts"] += 1
                 if attempt < retries and done.wait(self._backoff(backoff_s, attempt)):
-                    return box[0]  # a slow earlier attempt answered during the backoff
+                    return _unwrap(box[0])  # a slow earlier attempt answered during the backoff
             raise RequestTimeout(f"no reply to {type(msg).__name__} {rid} on {topic} after "
                                  f"{retries + 1} attempt(s) of {timeout_s:.1f}s")
         finally:
@@ -229,13 +277,15 @@ class AsyncRequestClient:
                     else:  # the first send may wait for metadata: keep that off the loop
                         await loop.run_in_executor(None, c._send, topic, prepared, key)
                         self._warm.add(topic)
-                except RetriableError as exc:
+                except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others fail the request
+                    if not is_retriable(exc):
+                        raise
                     log.warning("request %s attempt %d: send failed: %s", rid, attempt, exc)
                 if await _wait(fut, timeout_s):
-                    return fut.result()
+                    return _unwrap(fut.result())
                 c.stats["timeouts"] += 1
                 if attempt < retries and await _wait(fut, c._backoff(backoff_s, attempt)):
-                    return fut.result()
+                    return _unwrap(fut.result())
             raise RequestTimeout(f"no reply to {type(msg).__name__} {rid} on {topic} after "
                                  f"{retries + 1} attempt(s) of {timeout_s:.1f}s")
         finally:
@@ -256,6 +306,4 @@ async def _wait(fut: asyncio.Future, timeout_s: float) -> bool:
         return fut.done()
 
 
-from cluster.bus_serve import default_error_reply, serve  # noqa: E402
-
-__all__ = ["RequestClient", "AsyncRequestClient", "RequestTimeout", "serve", "default_error_reply"]
+__all__ = ["RequestClient", "AsyncRequestClient", "RequestTimeout", "RequestRefused", "serve", "default_error_reply"]

@@ -3,7 +3,7 @@
 ``serve(bus, topic, group_id, handler, stop_event)`` polls ``topic`` in ``group_id``;
 for each request it calls ``handler(msg) -> reply`` and publishes the reply to the
 request's ``header.reply_topic``/``reply_partition``, waits for the ack, then commits
-(at-least-once). A handler's RetriableError is retried a few times in place; any other
+(at-least-once). A handler's retriable error (cluster.errors.retry) is retried a few times in place; any other
 error becomes an error reply (``on_error`` or the defaults below), or a DeadLetter
 when no error reply can be built. Every consumed request is answered or dead-lettered
 with its reason: expired ones (past their deadline), ones without a reply address or
@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cluster.errors import RetriableError
+from cluster.errors import is_retriable, retry
 from schemas.messages import CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, now_ms
 
 log = logging.getLogger(__name__)
@@ -36,15 +36,9 @@ def default_error_reply(msg, exc: BaseException):
 
 
 def _handle(handler, msg, retries: int, stop_event) -> Any:
-    for attempt in range(retries + 1):
-        try:
-            return handler(msg)
-        except RetriableError as exc:
-            if attempt == retries or stop_event.is_set():
-                raise
-            log.warning("handler: retriable error (attempt %d): %s", attempt, exc)
-            stop_event.wait(min(0.2 * 2 ** attempt, 5.0))
-    raise AssertionError("unreachable")
+    """``handler(msg)``, a retriable failure retried in place (``retries`` times) unless we are stopping."""
+    return retry(lambda: handler(msg), f"handler of {type(msg).__name__}", attempts=retries + 1, backoff_s=0.2,
+                 max_backoff_s=5.0, stop=stop_event)
 
 
 def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
@@ -131,7 +125,6 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     """Send the reply and wait for its ack; a reply the broker will never take (no such topic or partition,
     too large) dead-letters the request with the reason. A transient failure propagates: the request stays
     uncommitted and is served again."""
-    from cluster.errors import is_retriable
     from schemas import topics
 
     replies = bus.topic(topics.TOOL_REPLIES)

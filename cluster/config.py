@@ -14,14 +14,11 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.errors import ConfigError  # noqa: F401 (defined with the other errors; re-exported)
+
 ENV_PREFIX = "KRL__"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing, malformed or out of range."""
-
-    retriable = False
 
 
 def _default_cache() -> str:
@@ -240,6 +237,10 @@ class LearnerConfig:
     weight_stream_keep: int = 2  # nccl: versions the learner keeps serving
     weight_stream_drain_s: float = 10.0  # nccl: at shutdown, serve on until nobody asked for this long
     chunk_bytes: int = 4 * 1024 * 1024
+    # kafka: "files" sends the exported HF folder (actors write it and reload from disk); "buckets" sends the
+    # policy's tensors in buckets of ~weight_bucket_bytes that actors load straight into the engine (no disk)
+    weight_layout: str = "files"
+    weight_bucket_bytes: int = 256 * 1024 * 1024
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     rft_epochs: int = 1  # optimiser steps per RFT learner step over the same batch (demonstrations are few)
@@ -272,6 +273,9 @@ class ClusterConfig:
     # Not yet the default: its first CPU learner step was killed for memory on a 24 GB machine (docs/learning.md).
     model: str = "tiny"
     isolate_runs: bool = True  # each `kernelrl up` run gets its own topic prefix (<prefix><run id>.)
+    # The address every role's metrics endpoint (/metrics, /metrics.json, /healthz) binds: loopback for
+    # `kernelrl up`; "0.0.0.0" (every interface) in deployments, where Prometheus and probes come from outside
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass
@@ -306,6 +310,7 @@ _CHOICES = {
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
+    "learner.weight_layout": {"files", "buckets"},
     "bus.compression": {"none", "gzip", "snappy", "lz4", "zstd"},
     "bus.security_protocol": {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"},
     "bus.auto_offset_reset": {"earliest", "latest"},
@@ -326,6 +331,7 @@ _POSITIVE = {
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
     "learner.ppo_epochs", "learner.rft_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
     "learner.weight_stream_keep",
+    "learner.weight_bucket_bytes",
 }
 
 
@@ -425,6 +431,10 @@ def _validate_access(cfg: Config) -> None:
         if host.strip() in _WILDCARDS or any(c.isspace() or c in "/," for c in host):
             raise ConfigError(f"{path}: must be one address or host name to bind and announce (not a wildcard), "
                               f"got {host!r}")
+    host = cfg.cluster.metrics_host
+    if not host.strip() or any(c.isspace() or c in "/,[]" for c in host):
+        raise ConfigError("cluster.metrics_host: must be one address or host name to bind (\"0.0.0.0\" = every "
+                          f"interface, \"::\" = every IPv6 one), got {host!r}")
     if cfg.broker.auth == "sasl":
         user, password = cfg.bus.sasl_username, cfg.bus.sasl_password
         if not _SASL_USER.match(user):

@@ -21,7 +21,7 @@ def _pct(snaps: dict[str, dict], prefix: str, name: str) -> tuple[float, float, 
 def render(snaps: dict[str, dict], extra: dict, started: float) -> str:
     """One screenful of text: episodes, tool latency, lags, rewards, learner, weights."""
     lines = [f"kernelrl up  —  {time.time() - started:6.0f}s elapsed   (Ctrl-C stops everything cleanly)", ""]
-    in_flight = _sum(snaps, "actor", "counters", "episodes_in_flight")
+    in_flight = _sum(snaps, "actor", "gauges", "episodes_in_flight")
     done = _sum(snaps, "actor", "counters", "episodes_finished")
     lines.append(f"episodes      in flight {in_flight:4.0f}   finished {done:5.0f}   "
                  f"tasks fed {extra.get('tasks_fed', 0)}")

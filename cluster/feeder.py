@@ -11,6 +11,7 @@ import logging
 import threading
 from pathlib import Path
 
+from cluster.errors import KernelRLError, is_retriable
 from schemas import Task, topics
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
     return tasks
 
 
+class FeederFailed(KernelRLError):
+    """The feeder hit an error no retry can fix (a task larger than the broker takes, no authorization)."""
+
+
 class Feeder:
     """Background thread: publish tasks while every gate is open.
 
@@ -76,6 +81,7 @@ class Feeder:
         self.bus, self.tasks, self.gates = bus, tasks, gates
         self.limit = limit
         self.published = 0
+        self.error: FeederFailed | None = None  # why the feeder stopped on its own, if it did
         self.stop_event = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task-feeder", daemon=True)
 
@@ -86,6 +92,11 @@ class Feeder:
     def stop(self) -> None:
         self.stop_event.set()
         self._thread.join(timeout=10)
+
+    def check(self) -> None:
+        """Raise the error that stopped the feeder (the run would otherwise wait for tasks that never come)."""
+        if self.error is not None:
+            raise self.error
 
     def _open(self, group_lag) -> bool:
         return all(group_lag(self.bus, group, [topic])[topic] < limit for group, topic, limit in self.gates)
@@ -109,7 +120,8 @@ class Feeder:
 
         Right after topic creation the cluster's metadata may lag, and a broker may be
         restarting: both are transient, so the feeder waits them out instead of dying
-        (a dead feeder would stall the whole run)."""
+        (a dead feeder would stall the whole run). An error no retry can fix stops the
+        feeder and is kept in ``error`` for ``check`` to raise."""
         backoff = 0.5
         while not self.stop_event.is_set():
             if self.limit and self.published >= self.limit:
@@ -121,7 +133,13 @@ class Feeder:
                 producer.send(topics.TASKS, item, key=item.task_id).get(timeout=30)
                 self.published += 1
                 return True
-            except Exception as exc:  # noqa: BLE001 - any failure here is retried; the run must not stall
+            except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: transient ones are waited out
+                if not is_retriable(exc):  # a task too large, no authorization: every retry would fail the same
+                    self.error = FeederFailed(f"task feeder stopped at task {item.task_id}: "
+                                              f"{type(exc).__name__}: {exc} (a retry cannot help)")
+                    log.error("%s", self.error)
+                    self.stop_event.set()
+                    return False
                 log.warning("task feeder: %s: %s; retrying in %.1fs", type(exc).__name__, exc, backoff)
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)

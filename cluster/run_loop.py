@@ -230,6 +230,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
     sup = run["sup"] = Supervisor(run_dir / "logs", kernelrl_argv(str(run_dir / "config.toml")), base_env=env,
                                   subreaper=True)
     sup.keep_pids = run["watch"].pids  # the broker is ours, not an orphan
+    sup.metrics_host = child.cluster.metrics_host
     for spec in _roles(child):
         sup.add(spec)
     demos = _start_demonstrations(child, tasks)
@@ -342,6 +343,7 @@ def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos: _Chaos
     snaps: dict[str, dict] = {}
     while not stop.event.is_set():
         broker_watch.check()  # a dead embedded broker is restarted before anything else is asked of it
+        feeder.check()  # a feeder stopped by an error no retry fixes ends the run with its reason
         finished = sup.poll()
         if "learner" in finished:
             break

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from cluster.metrics import url_host
 from cluster.procs import become_subreaper, children, die_with_parent
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Supervisor:
         self.log_dir = Path(log_dir)
         # adopt orphans only where asked: the flag lasts for the whole process (a test session, say)
         self.subreaper = subreaper and become_subreaper()
+        self.metrics_host = "127.0.0.1"  # cluster.metrics_host: what the roles' metrics endpoints bind
         self.keep_pids = lambda: set()  # other children of this process that are not orphans (the broker)
         self.orphans_killed: list[str] = []
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +154,8 @@ class Supervisor:
         if not rp.alive:
             return None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{rp.metrics_port}/metrics.json", timeout=timeout) as r:
+            url = f"http://{url_host(self.metrics_host)}:{rp.metrics_port}/metrics.json"
+            with urllib.request.urlopen(url, timeout=timeout) as r:
                 return json.loads(r.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None

@@ -42,7 +42,7 @@ def run(args, cfg) -> int:
     eng.init_distributed()
     rank, world = eng.rank_world()
     if rank == 0:
-        metrics.serve_from_env("learner", stage=cfg.learner.stage, world=str(world))
+        metrics.serve_from_env("learner", cfg.cluster.metrics_host, stage=cfg.learner.stage, world=str(world))
     from cluster.model_import import resolve_model_path
 
     model = resolve_model_path(cfg, args.model) if args.model else model_path_for(cfg)

@@ -243,7 +243,7 @@ class LearnerRole:
             if isinstance(v, (int, float)):
                 metrics.set_gauge(f"learner_{k}", v)
         for reason, n in self.ingest.dropped.items():
-            metrics.set_gauge(f"learner_dropped_{reason}", n)
+            metrics.set_gauge("learner_dropped", n, reason=reason)
         log.info("step %d v%d: %s", self.step, self.version,
                  {k: round(v, 4) for k, v in m.items() if isinstance(v, float)})
 

@@ -32,7 +32,7 @@ def run(args, cfg) -> int:
     from cluster import metrics
 
     handler = metrics.Metered(CompileHandler(cfg))
-    metrics.serve_from_env("compile-worker", name=handler.name)
+    metrics.serve_from_env("compile-worker", cfg.cluster.metrics_host, name=handler.name)
     bus = Bus(cfg, client_id=handler.name)
     bus.ensure_topics()
     log.info("compile worker %s serving %s", handler.name, bus.topic(topics.TOOL_COMPILE))

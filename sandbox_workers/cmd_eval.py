@@ -51,7 +51,8 @@ def run(args, cfg) -> int:
     from cluster import metrics
 
     handler = metrics.Metered(EvalHandler(cfg, backend, device_key=device_key))
-    metrics.serve_from_env("eval-worker", name=handler.name, backend=backend, device=device_key)
+    metrics.serve_from_env("eval-worker", cfg.cluster.metrics_host, name=handler.name, backend=backend,
+                           device=device_key)
     bus = Bus(cfg, client_id=handler.name)
     bus.ensure_topics()
     topic = topics.evaluate_topic(backend)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
-from cluster.config import ConfigError
+from cluster.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

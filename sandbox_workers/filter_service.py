@@ -36,8 +36,7 @@ class FilterService:
             return result(correct=False, reward=0.0, violations=["invalid_request"], error=f"filter request: {exc}")
         verdict = self._check(req.model_py, fcfg, timeout_s)
         if isolation.ABORTED.is_set():
-            from sandbox_workers.worker import Abandoned
-            raise Abandoned()
+            raise isolation.Abandoned()
         log.info("filter %s: %s %s", req.task_id, "ok" if verdict.ok else "REJECT " + verdict.rule, verdict.reason[:120])
         return result(correct=verdict.ok, reward=0.0, violations=[] if verdict.ok else [verdict.rule],
                       error=verdict.reason[:8000], duration_s=verdict.duration_s,

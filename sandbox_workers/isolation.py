@@ -18,65 +18,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
+from sandbox_workers.jobs import (ABORTED, Abandoned, Limits, _kill_group, abort_all,  # noqa: F401 (re-exported)
+                                  kill_pgid, register_pgid, track, unregister_pgid, untrack)
+
 log = logging.getLogger(__name__)
-
-# Children alive right now (pid -> Popen), so a worker's SIGTERM handler can abandon its job.
-_LIVE: dict[int, subprocess.Popen] = {}
-_LIVE_LOCK = threading.Lock()
-ABORTED = threading.Event()
-
-
-_LIVE_PGIDS: set[int] = set()
-
-
-def abort_all() -> int:
-    """Kill every running sandboxed child (their results are discarded). Returns how many."""
-    ABORTED.set()
-    with _LIVE_LOCK:
-        procs = list(_LIVE.values())
-        pgids = list(_LIVE_PGIDS)
-    for p in procs:
-        _kill_group(p)
-    for g in pgids:
-        kill_pgid(g)
-    return len(procs) + len(pgids)
-
-
-def track(proc: subprocess.Popen) -> None:
-    """Register a started child so that abort_all() kills its process group."""
-    with _LIVE_LOCK:
-        _LIVE[proc.pid] = proc
-    if ABORTED.is_set():
-        _kill_group(proc)
-
-
-def untrack(proc: subprocess.Popen) -> None:
-    with _LIVE_LOCK:
-        _LIVE.pop(proc.pid, None)
-
-
-def register_pgid(pgid: int) -> None:
-    with _LIVE_LOCK:
-        _LIVE_PGIDS.add(pgid)
-    if ABORTED.is_set():
-        kill_pgid(pgid)
-
-
-def unregister_pgid(pgid: int) -> None:
-    with _LIVE_LOCK:
-        _LIVE_PGIDS.discard(pgid)
-
-
-def kill_pgid(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
 
 def read_capped_path(path: str, limit: int) -> str:
     try:
@@ -88,19 +36,6 @@ def read_capped_path(path: str, limit: int) -> str:
 # Environment variables passed through to sandboxed children (everything else is dropped).
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
              "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH", "TMPDIR")
-
-
-@dataclass
-class Limits:
-    """Resource limits of one sandboxed run (0 = unlimited)."""
-
-    wall_s: float = 60.0
-    cpu_s: int = 0
-    memory_mb: int = 0  # RLIMIT_AS without the OS sandbox; RLIMIT_DATA inside it (CUDA-safe)
-    file_size_mb: int = 0  # RLIMIT_FSIZE
-    max_procs: int = 0  # RLIMIT_NPROC (without the OS sandbox: not set as root, it is per-user)
-    data_mb: int = 0  # RLIMIT_DATA (holds for CUDA children too; inside the OS sandbox: overrides memory_mb)
-    open_files: int = 0  # RLIMIT_NOFILE (OS sandbox only)
 
 
 @dataclass
@@ -231,10 +166,3 @@ def _read_capped(f, limit: int) -> str:
     b = f.read(tail)
     return (f"{a.decode(errors='replace')}\n... [{size - cap} bytes truncated] ...\n"
             f"{b.decode(errors='replace')}")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

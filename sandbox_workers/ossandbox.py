@@ -44,7 +44,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from sandbox_workers import isolation
+from sandbox_workers import jobs
+from sandbox_workers.toolchain import cuda_home
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def _probe(bwrap: str) -> str:
         ids = sandbox_ids()
         if ids is not None and not shutil.which("setpriv"):
             return "setpriv (util-linux) is missing"
-        cmd = wrap(["true"], Profile("probe"), isolation.Limits(wall_s=30), {"PATH": "/usr/bin:/bin"})
+        cmd = wrap(["true"], Profile("probe"), jobs.Limits(wall_s=30), {"PATH": "/usr/bin:/bin"})
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     except IsolationUnavailable as exc:
         return str(exc)
@@ -189,10 +190,6 @@ def _python_roots() -> list[str]:
 
 
 def _cuda_home() -> str | None:
-    try:
-        from sandbox_workers.backends.cuda import cuda_home
-    except ImportError:
-        return None
     home = cuda_home()
     return str(home) if home is not None else None
 
@@ -411,14 +408,14 @@ def wrap(argv: list[str], profile: Profile, limits, env: dict) -> list[str]:
 
 def spawn(argv, profile: Profile, limits, env: dict, *, pass_fds=(), stdin=None, stdout=None, stderr=None,
           cwd=None) -> subprocess.Popen:
-    """Start argv sandboxed in a new session, registered so that isolation.abort_all() kills it.
+    """Start argv sandboxed in a new session, registered so that jobs.abort_all() kills it.
 
-    End it with os.killpg(proc.pid, SIGKILL) (everything inside dies); call isolation.untrack(proc) once
+    End it with os.killpg(proc.pid, SIGKILL) (everything inside dies); call jobs.untrack(proc) once
     it has been waited for. `pass_fds` stay open inside, at the same numbers.
     """
     cmd = wrap(argv, profile, limits, env)
     proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd or "/",
                             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, pass_fds=tuple(pass_fds),
                             start_new_session=True)
-    isolation.track(proc)
+    jobs.track(proc)
     return proc

@@ -21,13 +21,10 @@ import threading
 
 from cluster.errors import RetriableError
 from sandbox_workers import isolation
+from sandbox_workers.isolation import Abandoned  # noqa: F401 - re-exported: the role commands catch it here
 from sandbox_workers.filter_service import FilterService
 
 log = logging.getLogger(__name__)
-
-
-class Abandoned(BaseException):
-    """The worker is stopping: the current request is dropped uncommitted (redelivered later)."""
 
 
 def worker_name(kind: str) -> str:

@@ -6,37 +6,16 @@ The library links cudart dynamically (and cuBLAS/cuDNN when asked by flag).
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shlex
-import shutil
-import site
 import time
 from pathlib import Path
 
 from sandbox_workers.backends.base import INFRA_SOURCES, LIBRARY_NAME, Builder, Runtime, tool_version
 from sandbox_workers.backends.cpu import cpu_model
 from sandbox_workers.binpolicy import inspect_library
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_home() -> Path | None:
-    """The CUDA toolkit root holding bin/nvcc, include/ and lib(64)/."""
-    cands = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            cands.append(Path(os.environ[var]))
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        cands.append(Path(nvcc).resolve().parent.parent)
-    cands.append(Path("/usr/local/cuda"))
-    for sp in site.getsitepackages():
-        cands += [Path(sp) / "nvidia" / "cu13", Path(sp) / "nvidia" / "cuda_nvcc"]
-    for c in cands:
-        if (c / "bin" / "nvcc").is_file():
-            return c
-    return None
+from sandbox_workers.toolchain import cuda_home  # noqa: F401 (re-exported)
 
 
 def _lib_dir(home: Path) -> Path:

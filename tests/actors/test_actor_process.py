@@ -213,3 +213,51 @@ def codec_task_id(payload: bytes) -> str:
     from schemas import codec
 
     return codec.decode(payload).task_id
+
+
+def _limit_topic_bytes(cfg, topic: str, max_bytes: int) -> None:
+    """Make the broker refuse records of ``topic`` above ``max_bytes`` (its max.message.bytes)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from cluster.bus_clients import admin_kwargs
+
+    admin = KafkaAdminClient(**admin_kwargs(cfg, "limit-test", cfg.bus.bootstrap_servers))
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, cfg.bus.topic_prefix + topic,
+                                            configs={"max.message.bytes": str(max_bytes)})])
+    finally:
+        admin.close()
+
+
+def test_trajectory_too_large_for_the_broker_is_dead_lettered_and_the_partition_moves_on(
+        aloop, tokenizer, make_cfg, tmp_path):
+    from cluster.bus import Bus
+    from cluster.bus_scan import committed_offsets
+    from tests.backbone.test_bus import dead_letters
+
+    cfg = _actor_cfg(make_cfg, tmp_path, concurrency=1, max_observation_chars=150_000)
+    _limit_topic_bytes(cfg, T.TRAJECTORIES, 300_000)
+    noise = format_call("bash", {"command": "head -c 90000 /dev/urandom | base64 -w0"})  # ~120k chars, incompressible
+    big = relu_task("task-big", scripted_turns=[noise, format_call("finish", {})])
+    small = relu_task("task-small", scripted_turns=[format_call("finish", {})])
+    with Bus(cfg, client_id="feeder-test") as bus:
+        prod = bus.producer()
+        for t in (big, small):  # one partition: the small task's commit must not wait behind the big one
+            prod.send(T.TASKS, t, key=t.task_id, partition=0).get(timeout=30)
+        prod.close()
+    actor = Actor(cfg, ScriptedPolicy(tokenizer, []), actor_id="actor-big")
+    t0 = time.monotonic()
+    n = aloop.run(actor.run(asyncio.Event(), max_episodes=1), timeout=60)
+    elapsed = time.monotonic() - t0
+    assert n == 1 and actor.stats["refused"] == 1 and actor.stats["publish_failures"] == 1  # tried once, not 5 times
+    assert elapsed < 20, f"{elapsed:.1f} s: the refused trajectory was retried"
+    assert [t.task_id for t in _read_trajectories(cfg, 1)] == ["task-small"]
+    with Bus(cfg, client_id="dlq-test") as bus:
+        letters = dead_letters(bus, 1)
+        deadline = time.monotonic() + 20
+        while committed_offsets(bus, bus.group("actors"), T.TASKS).get(0) != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert committed_offsets(bus, bus.group("actors"), T.TASKS).get(0) == 2  # past both tasks
+    assert len(letters) == 1 and letters[0].offset == 0
+    assert "MessageSizeTooLargeError" in letters[0].error and "trajectory unpublishable" in letters[0].error

@@ -72,7 +72,7 @@ def test_metrics_endpoint_prometheus_and_health():
             reg.observe("latency_s", v)
         reg.bucket("reward", 3)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-        assert "kernelrl_jobs_done 2.0" in text and "kernelrl_weight_version 3.0" in text
+        assert "kernelrl_jobs_done_total 2.0" in text and "kernelrl_weight_version 3.0" in text
         assert 'kernelrl_reward{value="3"} 1' in text
         snap = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics.json").read())
         assert snap["summaries"]["latency_s"]["count"] == 3 and snap["summaries"]["latency_s"]["p50"] == 0.2
