@@ -13,6 +13,7 @@ up: setup
 	$(KRL) up $(UP_ARGS)
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # On a GPU machine: the CUDA backend's tests. GPU_TESTS lists the folders holding gpu-marked tests

@@ -277,7 +277,7 @@ async def run_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task,
         return await episode.run(), False
     except (PolicyFailure, asyncio.CancelledError):
         raise
-    except Exception as exc:  # noqa: BLE001 - an episode bug ends that episode, not the actor
+    except Exception as exc:  # an episode bug ends that episode, not the actor
         if engine_dead(exc):  # not the episode's fault: leave the task uncommitted for another actor
             raise PolicyFailure(f"inference engine died: {exc}") from exc
         log.exception("episode %s failed", episode_id)

@@ -100,7 +100,7 @@ class Episode:
         t0 = time.monotonic()
         try:
             gen = await self.policy.generate(req)
-        except Exception as exc:  # noqa: BLE001 - a dead engine stops the actor; anything else ends the episode
+        except Exception as exc:  # a dead engine stops the actor; anything else ends the episode
             if engine_dead(exc):
                 raise PolicyFailure(str(exc)) from exc
             log.warning("episode %s: generation failed: %s", self.episode_id, exc)

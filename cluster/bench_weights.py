@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.bench_weights_parts import (EngineThread, kafka_raw, memcpy_gb_s, model_folder, run_fs, run_kafka,
+from cluster.bench_weights_parts import (EngineThread, kafka_raw, model_folder, run_fs, run_kafka,
                                          run_memory)
+from learner.bench import memcpy_gb_s
 
 RUNNERS = {"fs": run_fs, "kafka": run_kafka, "memory": run_memory}
 

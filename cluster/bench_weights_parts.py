@@ -63,15 +63,6 @@ def model_folder(spec: str, cfg, tmp: Path):
 
 
 # ---- baselines ----------------------------------------------------------------------------
-def memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
 
 
 def kafka_raw(cfg, nbytes: int, chunk: int) -> dict:

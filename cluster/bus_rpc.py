@@ -212,7 +212,7 @@ class RequestClient:
                     self.stats["retries"] += 1
                 try:
                     self._send(topic, self._prepare(msg, rid, attempt, timeout_s), key)
-                except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others fail the request
+                except Exception as exc:  # sorted by is_retriable: the others fail the request
                     if not is_retriable(exc):
                         raise
                     log.warning("request %s attempt %d: send failed: %s", rid, attempt, exc)
@@ -277,7 +277,7 @@ class AsyncRequestClient:
                     else:  # the first send may wait for metadata: keep that off the loop
                         await loop.run_in_executor(None, c._send, topic, prepared, key)
                         self._warm.add(topic)
-                except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others fail the request
+                except Exception as exc:  # sorted by is_retriable: the others fail the request
                     if not is_retriable(exc):
                         raise
                     log.warning("request %s attempt %d: send failed: %s", rid, attempt, exc)

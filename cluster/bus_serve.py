@@ -101,7 +101,7 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
     try:
         reply = _handle(handler, msg, retries, stop_event)
         stats["handled"] += 1
-    except Exception as exc:  # noqa: BLE001 - a handler failure must become an answer, not a dead worker
+    except Exception as exc:  # a handler failure must become an answer, not a dead worker
         stats["errors"] += 1
         log.warning("handler failed on %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc, exc_info=True)
         reply = on_error(msg, exc) if header is not None else None
@@ -135,7 +135,7 @@ def _send_reply(bus, producer, rec, header, reply) -> None:
     try:
         producer.send(header.reply_topic, reply, key=header.sender or None,
                       partition=header.reply_partition).get(timeout=60)
-    except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: transient ones re-raise
+    except Exception as exc:  # sorted by is_retriable: transient ones re-raise
         if is_retriable(exc):
             raise
         dead_letter_record(bus, rec, f"reply undeliverable to {header.reply_topic!r}[{header.reply_partition}]: "

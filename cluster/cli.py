@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(module.run(args, cfg) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: show, don't trace
+    except Exception as exc:  # the CLI's last line of defence: show, don't trace
         if getattr(exc, "user_facing", False):
             print(f"kernelrl {args.command}: {exc}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 1))

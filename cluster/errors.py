@@ -78,7 +78,7 @@ def retry(call, what: str, attempts: int = 5, backoff_s: float = 0.5, max_backof
     for attempt in range(1, attempts + 1):
         try:
             return call()
-        except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others re-raise unchanged
+        except Exception as exc:  # sorted by is_retriable: the others re-raise unchanged
             if _give_up(exc, what, attempt, attempts) or (stop is not None and stop.is_set()):
                 raise
             delay = next(delays)
@@ -97,7 +97,7 @@ async def retry_async(call, what: str, attempts: int = 5, backoff_s: float = 0.5
     for attempt in range(1, attempts + 1):
         try:
             return await call()
-        except Exception as exc:  # noqa: BLE001 - sorted by is_retriable: the others re-raise unchanged
+        except Exception as exc:  # sorted by is_retriable: the others re-raise unchanged
             if _give_up(exc, what, attempt, attempts):
                 raise
             delay = next(delays)

@@ -202,7 +202,7 @@ inc, set_gauge, add_gauge, observe, bucket = REGISTRY.inc, REGISTRY.set, REGISTR
 class _Handler(http.server.BaseHTTPRequestHandler):
     registry: Registry = REGISTRY
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         if self.path.startswith("/healthz"):
             ok = self.registry.health()
             self._send(200 if ok else 503, "ok\n" if ok else "unhealthy\n", "text/plain")

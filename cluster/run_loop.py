@@ -196,7 +196,7 @@ def run_cluster(cfg: Config, chaos_every_s: float = 0.0, dashboard: bool = True,
         run["watch"] = BrokerWatch(cfg, owned_broker)
         chaos = _Chaos(chaos_every_s, chaos_seed, run["watch"] if chaos_broker else None, repeat=chaos_repeat)
         return _run(cfg, run_id, run_dir, stop, run, chaos, dashboard)
-    except Exception as exc:  # noqa: BLE001 - every way the run can end gets a report saying why
+    except Exception as exc:  # every way the run can end gets a report saying why
         log.error("the run failed: %s: %s", type(exc).__name__, exc)
         log.debug("the run failed", exc_info=True)
         return report_mod.write(_failure_report(run_id, run_dir, stop, run, exc), cfg.cluster.report_path)

@@ -162,7 +162,8 @@ def _bench_training(cfg, model_path: str, o) -> dict:
             "ppo_step_s": t_ppo / o.steps, "plain_step_s": t_plain / o.steps, "trainer": trainer}
 
 
-def _memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
+def memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
+    """GB/s of one in-memory copy of `nbytes` (best of `reps`): what every transport is compared with."""
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
     best = float("inf")
@@ -239,7 +240,7 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
             broker.stop(cfg)
     best = min(times)
     return {"publish_transport": transport, "publish_bytes": nbytes, "publish_s": best,
-            "publish_gb_s": nbytes / best / 1e9, "memcpy_gb_s": _memcpy_gb_s(nbytes)}
+            "publish_gb_s": nbytes / best / 1e9, "memcpy_gb_s": memcpy_gb_s(nbytes)}
 
 
 def run_bench(args, cfg) -> dict:

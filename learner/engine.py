@@ -83,7 +83,7 @@ class _extension_build_guard:
         if not root:
             return self
         Path(root).mkdir(parents=True, exist_ok=True)
-        self._fh = open(Path(root) / ".kernelrl-build.flock", "w")  # noqa: SIM115 - closed in __exit__
+        self._fh = open(Path(root) / ".kernelrl-build.flock", "w")  # closed in __exit__
         fcntl.flock(self._fh, fcntl.LOCK_EX)
         for baton in Path(root).glob("*/lock"):
             log.warning("removing stale torch extension lock %s (its builder died)", baton)

@@ -322,7 +322,7 @@ def _global_state(elf: Elf, backend: str, allowed_libs, reg_funcs: set[str]) -> 
                 return False
         return False
     allowed: set[str] = set()
-    for name, addr, size, typ in sorted(objs, key=lambda o: o[0].startswith("_ZGV")):  # guards last
+    for name, _addr, size, typ in sorted(objs, key=lambda o: o[0].startswith("_ZGV")):  # guards last
         touch = [i for i in refs.get(name, []) if _is_store(elf, i) or i.mnem.startswith("lea") or elf.aarch64]
         if typ == "TLS":
             why = "thread-local variable"

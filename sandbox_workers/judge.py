@@ -247,7 +247,8 @@ class Judge:
         if not timing:
             return out
         t_first = time.monotonic()
-        warm = [run_trial(1, False) for _ in range(max(1, int(timing["warmup"])))]
+        for _ in range(max(1, int(timing["warmup"]))):
+            run_trial(1, False)
         out["first_call_s"] = time.monotonic() - t_first
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         out["batch_from_reference_s"] = self.t_ref

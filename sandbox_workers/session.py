@@ -84,7 +84,7 @@ class Session:
         the judge). A pre-started session hides that start-up behind the previous evaluation."""
         j_r, r_w = os.pipe()  # remote -> judge
         r_r, j_w = os.pipe()  # judge -> remote
-        self._logs = [open(self.dir / "remote.log", "w+b"), open(self.dir / "judge.log", "w+b")]
+        self._logs = [open(self.dir / "remote.log", "w+b"), open(self.dir / "judge.log", "w+b")]  # noqa: SIM115 - the children write them until close()
         try:
             self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0]))
             self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1]))

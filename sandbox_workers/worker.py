@@ -21,7 +21,7 @@ import threading
 
 from cluster.errors import RetriableError
 from sandbox_workers import isolation
-from sandbox_workers.isolation import Abandoned  # noqa: F401 - re-exported: the role commands catch it here
+from sandbox_workers.isolation import Abandoned  # re-exported: the role commands catch it here
 from sandbox_workers.filter_service import FilterService
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def as_infra_fault(handle, req, infra, what: str):
         return handle()
     except RetriableError:
         raise  # serve() retries it in place, then answers with its error reply
-    except Exception as exc:  # noqa: BLE001 - the worker's failure, not the agent's: an infra result
+    except Exception as exc:  # the worker's failure, not the agent's: an infra result
         if isolation.ABORTED.is_set():
             raise Abandoned() from exc  # stopping: leave the job uncommitted
         log.warning("%s handler failed on %s: %s", what, req.header.request_id, exc, exc_info=True)

@@ -197,7 +197,7 @@ def torch_templates() -> list[Seed]:
 
 def transformers_templates() -> list[Seed]:
     try:
-        import transformers.models.llama.modeling_llama  # noqa: F401
+        import transformers.models.llama.modeling_llama
         import transformers.pytorch_utils  # noqa: F401
     except Exception:  # noqa: BLE001 - optional
         return []

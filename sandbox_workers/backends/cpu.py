@@ -4,9 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import re
 import shlex
-import subprocess
 import time
 from pathlib import Path
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from sandbox_workers.backends.base import INFRA_SOURCES, LIBRARY_NAME, Builder, Runtime, tool_version
 from sandbox_workers.backends.cpu import cpu_model
 from sandbox_workers.binpolicy import inspect_library
-from sandbox_workers.toolchain import cuda_home  # noqa: F401 (re-exported)
+from sandbox_workers.toolchain import cuda_home  # re-exported
 
 
 def _lib_dir(home: Path) -> Path:

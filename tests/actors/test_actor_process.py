@@ -85,7 +85,7 @@ def test_concurrent_episodes_commit_only_after_publish(aloop, tokenizer, make_cf
 def test_actor_killed_mid_episode_loses_no_task(aloop, tokenizer, tiny_model, make_cfg, spawn, tmp_path):
     cfg = _actor_cfg(make_cfg, tmp_path, concurrency=1)
     _publish_tasks(cfg, [relu_task("crash-task", scripted_turns=_script(4.0))])
-    log = open(tmp_path / "actor-a.log", "wb")
+    log = open(tmp_path / "actor-a.log", "wb")  # noqa: SIM115 - the child process writes it
     a = spawn(KERNELRL + ["-v", "actor", "--id", "actor-a", "--model", tiny_model], env=cfg_env(cfg),
               stdout=log, stderr=log)
     ws = tmp_path / "ws"
@@ -116,7 +116,7 @@ def test_sigterm_finishes_within_grace_and_leaves_the_rest_uncommitted(tokenizer
         prod.send(T.TASKS, relu_task("long", scripted_turns=_script(60)), key="long", partition=0).get(timeout=30)
         prod.send(T.TASKS, relu_task("short", scripted_turns=_script(1.5)), key="short", partition=1).get(timeout=30)
         prod.close()
-    log = open(tmp_path / "actor.log", "wb")
+    log = open(tmp_path / "actor.log", "wb")  # noqa: SIM115 - the child process writes it
     a = spawn(KERNELRL + ["-v", "actor", "--id", "actor-t", "--model", tiny_model], env=cfg_env(cfg),
               stdout=log, stderr=log)
     ws = tmp_path / "ws"
@@ -163,7 +163,7 @@ def test_vllm_actor_sigterm_to_its_process_group(tiny_model, make_cfg, spawn, tm
     cfg = _actor_cfg(make_cfg, tmp_path, policy="vllm", max_turns=500, max_new_tokens=64, max_context_tokens=16384,
                      kv_cache_mb=64)
     _publish_tasks(cfg, [relu_task("long-vllm")])
-    log = open(tmp_path / "actor.log", "wb")
+    log = open(tmp_path / "actor.log", "wb")  # noqa: SIM115 - the child process writes it
     a = spawn(KERNELRL + ["-v", "actor", "--id", "actor-v", "--model", tiny_model], env=cfg_env(cfg),
               stdout=log, stderr=log)
     ws = tmp_path / "ws"

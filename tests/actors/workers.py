@@ -12,7 +12,7 @@ from tests.conftest import KERNELRL, cfg_env
 def start_worker(spawn, cfg, kind: str, log_dir: Path, name: str = ""):
     args = {"compile": ["compile-worker", "--group", f"{cfg.bus.topic_prefix}compile"],
             "eval": ["eval-worker", "--device", "cpu", "--group", f"{cfg.bus.topic_prefix}eval"]}[kind]
-    log = open(log_dir / f"{name or kind}.log", "wb")
+    log = open(log_dir / f"{name or kind}.log", "wb")  # noqa: SIM115 - the child process writes it
     return spawn(KERNELRL + ["-v"] + args, env=cfg_env(cfg), stdout=log, stderr=log)
 
 

@@ -24,7 +24,7 @@ def _value(typ, name: str, depth: int = 0):
         if val is typing.Any:
             return {"a": 1, "b": [1.5, "x"], "nested": {"ok": True}}
         return {"k1": _value(val, name, depth + 1), "k2": _value(val, name, depth + 1)}
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, __import__("types").UnionType):
         return _value(typing.get_args(typ)[0], name, depth)
     return {str: f"{name}-v", int: 3, float: 2.5, bool: True, bytes: b"\x00\x01\xff" * 3}.get(typ, None)
 

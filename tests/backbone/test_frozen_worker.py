@@ -3,7 +3,6 @@ and after SIGCONT the frozen one runs no stale work beyond the job it was in (it
 so its next poll rejoins the group instead of running a prefetched batch the other worker also served)."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

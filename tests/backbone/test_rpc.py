@@ -211,7 +211,7 @@ def test_poisoned_request_topic_every_record_is_answered_or_dead_lettered(cfg):
                                                    episode_id="late", files={})),
         }
         prod = bus.producer()
-        for i, (name, payload) in enumerate(poison.items()):
+        for i, (_name, payload) in enumerate(poison.items()):
             prod.send(T.TOOL_COMPILE, valid(f"v{i}"), key="k", partition=0).get(10)
             prod.send_bytes(T.TOOL_COMPILE, payload, key="k", partition=0).get(10)
         prod.send(T.TOOL_COMPILE, valid("last"), key="k", partition=0).get(10)

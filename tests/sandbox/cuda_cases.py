@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from tests.sandbox.helpers import RELU_PY
-from tests.sandbox.redteam_cases import CONTRADICTED, DIED, MISMATCH, TORCH, TORCH_HOLE, Case
+from tests.sandbox.redteam_cases import CONTRADICTED, MISMATCH, TORCH, TORCH_HOLE, Case
 
 
 def relu_cu(body: str, extra: str = "", includes: str = "") -> dict[str, str]:

@@ -57,7 +57,7 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     logs = {}
     procs = {}
     for role, args in (("compile", ["compile-worker"]), ("eval", ["eval-worker", "--device", "cpu"])):
-        logs[role] = open(tmp_path / f"{role}.log", "wb")
+        logs[role] = open(tmp_path / f"{role}.log", "wb")  # noqa: SIM115 - the child process writes it
         procs[role] = spawn([*KERNELRL, "-v", *args], env=env, stdout=logs[role], stderr=subprocess_stdout())
     bus = Bus(oracle_cfg, client_id="sbx-test")  # groups read from 'earliest': no need to wait for them
     client = RequestClient(bus, name="sbx-test-actor")
