@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-worker": ("sandbox_workers.cmd_eval", "run an evaluation worker for one device"),
     "learner": ("learner.cmd", "run the PPO learner"),
     "sandbox": ("sandbox_workers.cmd_sandbox", "one-shot compile + verify + profile without the bus"),
+    "solutions": ("sandbox_workers.cmd_solutions", "convert solutions between kernelrl's and KernelBench's formats"),
     "stress": ("sandbox_workers.cmd_stress", "flood the sandbox topics and report throughput"),
     "bench": ("cluster.cmd_bench", "benchmarks: bus, compile, actor, learner, weights"),
     "replay": ("cluster.cmd_replay", "replay trajectories by offset or time range"),

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.errors import ConfigError  # noqa: F401 (defined with the other errors; re-exported)
+from cluster.errors import ConfigError  # defined with the other errors; importers find it here too
 
 ENV_PREFIX = "KRL__"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +33,11 @@ class BrokerConfig:
     scala_version: str = "2.13"
     cache_dir: str = field(default_factory=_default_cache)
     state_dir: str = ""  # default: <cache_dir>/broker-state
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 = pick a free loopback port at start
+    host: str = "127.0.0.1"  # the address every listener binds; "0.0.0.0" (all interfaces) needs advertised_host
+    # the address or host name clients (and the controller) are told to connect to: "" = broker.host; another
+    # machine's roles reach the broker only by a name or address that is not loopback
+    advertised_host: str = ""
+    port: int = 0  # 0 = pick a free port on broker.host at start
     heap_mb: int = 512
     start_timeout_s: float = 90.0
     # C1-only JIT + serial GC: the JVM starts about twice as fast on a small machine; turn off
@@ -125,6 +128,9 @@ class SandboxConfig:
     cpu_flush_mb: int = 0  # buffer written before each CPU trial (0 = 2x LLC, at most 512 MiB)
     cuda_flush_mb: int = 256  # buffer zeroed before each GPU trial (KernelBench: 256 MB)
     cuda_lead_us: int = 1000  # GPU spin queued before the start event so the host path (guard, checks) is off the clock
+    # CUDA: outputs written to GPU memory shared with the judge (VMM, its descriptor passed over a socketpair) and
+    # snapshotted there; off: through the host arena (device-to-host copies inside the timed round trip)
+    cuda_device_arena: bool = True
     max_trials: int = 200
     timing_budget_s: float = 3.0  # per variant, after the minimum of `trials`
     timing_rel_ci: float = 0.01  # stop sampling when the median's relative standard error is below this
@@ -426,11 +432,17 @@ _SASL_USER = re.compile(r"^[A-Za-z0-9._@-]+$")
 
 def _validate_access(cfg: Config) -> None:
     """The addresses listeners bind, and the embedded broker's account (docs/backbone.md)."""
-    hosts = (("broker.host", cfg.broker.host), ("learner.weight_stream_host", cfg.learner.weight_stream_host))
+    advertised = cfg.broker.advertised_host
+    hosts = [("learner.weight_stream_host", cfg.learner.weight_stream_host)]
+    if advertised:
+        hosts.append(("broker.advertised_host", advertised))
+    if not (advertised and cfg.broker.host == "0.0.0.0"):  # every interface, announced as advertised_host
+        hosts.append(("broker.host", cfg.broker.host))
     for path, host in hosts:
         if host.strip() in _WILDCARDS or any(c.isspace() or c in "/," for c in host):
-            raise ConfigError(f"{path}: must be one address or host name to bind and announce (not a wildcard), "
-                              f"got {host!r}")
+            hint = " (\"0.0.0.0\" only with broker.advertised_host set)" if path == "broker.host" else ""
+            raise ConfigError(f"{path}: must be one address or host name to bind and announce (not a wildcard)"
+                              f"{hint}, got {host!r}")
     host = cfg.cluster.metrics_host
     if not host.strip() or any(c.isspace() or c in "/,[]" for c in host):
         raise ConfigError("cluster.metrics_host: must be one address or host name to bind (\"0.0.0.0\" = every "

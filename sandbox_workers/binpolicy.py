@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox_workers import binpolicy_torch
 from sandbox_workers.guards import (FORBIDDEN_SYMBOL, MUTABLE_GLOBAL_STATE, RAW_SYSCALL, STATIC_CONSTRUCTOR,
                                     Violation)
 
@@ -142,13 +143,18 @@ def _demangle(names: list[str]) -> list[str]:
     return dem.splitlines() if len(dem.splitlines()) == len(names) else names
 
 
-def check_symbols(undefined: list[str], backend: str, allowed_libs=()) -> list[Violation]:
-    """Undefined dynamic symbols (raw, optionally `name@VERSION`) against the backend's allow-list."""
+def check_symbols(undefined: list[str], backend: str, allowed_libs=(), torch_ext: bool = False) -> list[Violation]:
+    """Undefined dynamic symbols (raw, optionally `name@VERSION`) against the backend's allow-list (and, for a
+    torch extension, binpolicy_torch's rules first)."""
     allow = re.compile("|".join(f"(?:{p})" for p in _ALLOW[backend] + [_LIB_ALLOW[lib] for lib in allowed_libs
                                                                         if lib in _LIB_ALLOW]))
     raw = [u.split("@")[0] for u in undefined]
     found = []
     for sym, dem in zip(raw, _demangle(raw)):
+        verdict = binpolicy_torch.classify(sym, dem, backend) if torch_ext else False
+        if verdict is not False:
+            found += [verdict] if verdict is not None else []
+            continue
         if _TORCH_NS.search(dem) or re.match(r"_ZN\d*(5torch|2at|3c10|6caffe2|8pybind11)", sym):
             found.append(Violation(FORBIDDEN_SYMBOL, f"`{dem}`: torch/ATen/c10 code is not callable from kernels"))
             continue
@@ -373,8 +379,9 @@ def _raw_syscalls(elf: Elf) -> list[Violation]:
     return found
 
 
-def inspect_library(path: Path, backend: str, allowed_libs=()) -> list[Violation]:
-    """Every policy violation of the built library (empty: it may be loaded into the candidate process)."""
+def inspect_library(path: Path, backend: str, allowed_libs=(), module: str = "") -> list[Violation]:
+    """Every policy violation of the built library (empty: it may be loaded into the candidate process).
+    `module`: the library is the torch extension of that name (binpolicy_torch.py)."""
     libs = [lib for lib in allowed_libs if lib in _LIB_ALLOW]
     try:
         elf = _parse(Path(path))
@@ -382,12 +389,15 @@ def inspect_library(path: Path, backend: str, allowed_libs=()) -> list[Violation
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("cannot inspect %s: %s", path, exc)
         return [Violation(FORBIDDEN_SYMBOL, f"the library could not be inspected: {exc}")]
-    found = check_symbols(undefined, backend, libs)
-    ok_needed = re.compile(_NEEDED[backend] + "".join(rf"|lib{x}\.so\.\d+" for x in libs))
+    found = check_symbols(undefined, backend, libs, torch_ext=bool(module))
+    ok_needed = re.compile(_NEEDED[backend] + "".join(rf"|lib{x}\.so\.\d+" for x in libs)
+                           + (binpolicy_torch.NEEDED if module else ""))
     found += [Violation(FORBIDDEN_SYMBOL, f"the library links {n}, which kernels may not use")
               for n in elf.needed if not ok_needed.fullmatch(n)]
     ctor, reg_funcs = _constructors(elf, backend, elf.by_func, {addr: name for name, addr, _, _ in elf.objects})
-    found += ctor + _global_state(elf, backend, libs, reg_funcs) + _raw_syscalls(elf)
+    state = ctor + _global_state(elf, backend, libs, reg_funcs)
+    found += [v for v in state if not (module and binpolicy_torch.allowed_extension_state(v, module))]
+    found += _raw_syscalls(elf)
     return list(dict.fromkeys(found))  # Violation is frozen: hashable, first occurrence kept
 
 

@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_workers import binpolicy, guards, workspace
+from sandbox_workers import binpolicy, formats, guards, workspace
 from sandbox_workers.backends import get_builder
 from sandbox_workers.backends.base import INFRA_DIR, LIBRARY_NAME, FlagError
+from sandbox_workers.backends.torchext import TorchExtBuilder
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,15 @@ def artifact_root(cfg) -> Path:
 def cache_key(files: dict[str, str], backend: str, cfg, extra_flags: list[str] = ()) -> str:
     builder = get_builder(backend)
     flags = cfg.sandbox.cpu_flags if backend == "cpu" else cfg.sandbox.cuda_arch
+    plan = formats.plan(files, backend)  # FormatError: a foreign format that cannot be read statically
     doc = {"v": 1, "backend": backend, "files": workspace.build_inputs(files), "flags": flags,
            "extra": list(extra_flags), "toolchain": builder.toolchain_id(), "torch": torch_version(),
            "infra": _infra_digest(),
            # a stored artifact passed this policy: unchecked builds (static guards off) never share its key
            "policy": binpolicy.POLICY_VERSION if cfg.sandbox.static_guards else "off"}
+    if plan.fmt != formats.KRL:  # a torch extension: its generated sources, module name, flags, Python ABI
+        doc.update(files=plan.sources, format=plan.fmt, module=plan.module, cflags=plan.cflags,
+                   cuda_cflags=plan.cuda_cflags, toolchain=TorchExtBuilder(backend).toolchain_id())
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -108,12 +113,16 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
         files = workspace.validate(files, backend)
     except workspace.WorkspaceError as exc:
         return CompileOutcome(False, error=str(exc), duration_s=time.monotonic() - t0)
-    found = guards.check_cpp(files, backend)
+    try:
+        plan = formats.plan(files, backend)
+    except workspace.WorkspaceError as exc:
+        return CompileOutcome(False, error=str(exc), duration_s=time.monotonic() - t0)
+    found = formats.check_cpp(files, backend)
     if found:
         detail = "\n".join(f"{v.name}: {v.detail}" for v in found)
         return CompileOutcome(False, error="forbidden code in kernel sources", log=detail,
                               violations=sorted({v.name for v in found}), duration_s=time.monotonic() - t0)
-    sources = workspace.kernel_sources(files, backend)
+    sources = workspace.kernel_sources(files, backend) if plan.fmt == formats.KRL else sorted(plan.sources)
     if not sources:
         return CompileOutcome(False, error=f"no kernel sources in kernels/ (expected {workspace.SOURCE_EXTS[backend]})",
                               duration_s=time.monotonic() - t0)
@@ -127,7 +136,8 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
         return CompileOutcome(True, key, hit, True, meta.get("log", ""), duration_s=time.monotonic() - t0)
     with tempfile.TemporaryDirectory(prefix="krl-build-") as tmp:
         try:
-            out = get_builder(backend).build(files, sources, Path(tmp), cfg, extra_flags)
+            out = get_builder(backend).build(files, sources, Path(tmp), cfg, extra_flags) if plan.fmt == formats.KRL \
+                else TorchExtBuilder(backend).build(plan, Path(tmp), cfg, artifact_root(cfg))
         except (FlagError, FileNotFoundError) as exc:
             return CompileOutcome(False, key, error=str(exc), duration_s=time.monotonic() - t0)
         if not out.ok:
@@ -136,7 +146,9 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
         builder = get_builder(backend)
         libs = [f[2:] for f in [*extra_flags, *builder.auto_libs(files)] if f.startswith("-l")]
         # the wall: what the built binary calls, runs at load time, keeps and executes (binpolicy.py)
-        found = builder.inspect(out.library, libs) if cfg.sandbox.static_guards else []
+        found = (builder.inspect(out.library, libs) if plan.fmt == formats.KRL else
+                 binpolicy.inspect_library(out.library, backend, libs, module=plan.module)) \
+            if cfg.sandbox.static_guards else []
         if found:
             detail = "\n".join(f"{v.name}: {v.detail}" for v in found)
             log.info("built library rejected (%s): %s", backend, "; ".join(v.detail for v in found[:3]))
@@ -146,7 +158,8 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
                                   violations=guards.names(found), duration_s=time.monotonic() - t0,
                                   network_isolated=out.network_isolated)
         lib = store(cfg, key, out.library.read_bytes(),
-                    {"log": out.log, "backend": backend, "build_s": out.duration_s, "created": time.time()})
+                    {"log": out.log, "backend": backend, "build_s": out.duration_s, "created": time.time(),
+                     "format": plan.fmt, "module": plan.module})
     return CompileOutcome(True, key, lib, False, out.log, duration_s=time.monotonic() - t0,
                           network_isolated=out.network_isolated)
 

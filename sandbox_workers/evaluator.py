@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_workers import compiler, cpuset, guards, workspace
+from sandbox_workers import compiler, cpuset, formats, guards, workspace
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
@@ -52,7 +52,7 @@ class Evaluator:
         except workspace.WorkspaceError as exc:
             return _done(res, t0, error=str(exc), fault="policy")
         if self.sb.static_guards:
-            found = guards.check_python(files[workspace.MODEL_NEW])
+            found = formats.check_python(files)  # per format: load_inline / cuda_extension lines allowed
             if found:
                 res["compiled"] = True
                 res["evidence"]["violation_details"] = [v.__dict__ for v in found]
@@ -112,7 +112,7 @@ class Evaluator:
             key = compiler.cache_key(files, self.backend, self.cfg)
         except Exception as exc:  # noqa: BLE001 - bad flags or no toolchain: report as a compile failure
             return None, {"ok": False, "error": str(exc)}
-        found = guards.check_cpp(files, self.backend)
+        found = formats.check_cpp(files, self.backend)  # torch API in extensions: binpolicy decides
         if found:
             return None, {"ok": False, "error": "forbidden code in kernel sources", "violations": guards.names(found),
                           "log": "\n".join(f"{v.name}: {v.detail}" for v in found)}
@@ -135,7 +135,8 @@ class Evaluator:
                 "correctness_trials": sb.correctness_trials, "timed_check_fraction": sb.timed_check_fraction,
                 "max_batch_bytes": sb.max_batch_bytes, "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
-                "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0}
+                "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0,
+                "device_arena": self.backend == "cuda" and sb.cuda_device_arena}
         return spec
 
     def _take(self, role: str) -> Session:
@@ -186,7 +187,8 @@ class Evaluator:
 
     def _candidate(self, task_source: str, files, lib: Path, timing: bool) -> dict:
         variant = {"name": "candidate", "module": "model_new", "cls": "ModelNew",
-                   "source": files[workspace.MODEL_NEW], "checked": True}
+                   "source": files[workspace.MODEL_NEW], "checked": True,
+                   "ext": formats.plan(files, self.backend).module}  # a torch extension's module name, or ""
         out = self._session("candidate", self._spec(task_source, timing, [variant]), library=lib)
         judge = out.judge
         if judge is None:
@@ -207,7 +209,8 @@ class Evaluator:
         doc = {"task": hashlib.sha256(task_source.encode()).hexdigest(), "backend": self.backend,
                "device": self.device_key, "torch": compiler.torch_version(), "protocol": PROTOCOL_VERSION,
                "timing": self._timing_spec(), "runtime": self._runtime_kwargs(),
-               "compile_baseline": self.sb.compile_baseline, "py": sys.version.split()[0]}
+               "compile_baseline": self.sb.compile_baseline, "py": sys.version.split()[0],
+               "device_arena": self.backend == "cuda" and self.sb.cuda_device_arena}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
     def baselines(self, task_source: str, use_cache: bool = True) -> dict:

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import random
+import socket
 import statistics
 import sys
 import time
@@ -34,8 +36,9 @@ import traceback
 
 import torch
 
-from sandbox_workers.candidate import wire
+from sandbox_workers.candidate import devarena, wire
 
+log = logging.getLogger(__name__)
 _TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
@@ -48,7 +51,7 @@ class RemoteFailed(Exception):
 
 
 class Judge:
-    def __init__(self, spec: dict, ch: wire.Channel, arena: wire.Arena):
+    def __init__(self, spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None = None):
         from sandbox_workers.backends import get_runtime
 
         self.spec, self.ch, self.arena = spec, ch, arena
@@ -60,6 +63,8 @@ class Judge:
         self.inputs_on_device = self.device != "cpu"
         self.t_ref: float | None = None  # seconds per reference call, timed before any model is loaded
         self.probe: dict | None = None  # the protocol's own overhead in this session (probe_overhead)
+        self.sock = sock  # socketpair to the remote: the device arena's descriptor travels on it
+        self.darena: devarena.DeviceArena | None = None  # outputs stay on the GPU (setup_device_arena)
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -110,13 +115,14 @@ class Judge:
         out = list(out) if isinstance(out, (tuple, list)) else [out]
         return [o.detach() for o in out]
 
-    def load(self, module: str, cls: str, source: str, library: str = "", compile_: bool = False) -> None:
+    def load(self, module: str, cls: str, source: str, library: str = "", compile_: bool = False,
+             ext: str = "") -> None:
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
         need = wire.nbytes_of(list(state.values())) + wire.nbytes_of(self.init_inputs) + wire.ALIGN
         self.arena.ensure(need)
         init, pos = self.arena.put(self.init_inputs, 0)
         sdescs, _ = self.arena.put(list(state.values()), pos)
-        self.ask({"op": "load", "module": module, "cls": cls, "source": source, "library": library,
+        self.ask({"op": "load", "module": module, "cls": cls, "source": source, "library": library, "ext": ext,
                   "infra": self.spec.get("infra", ""), "init": init, "state": dict(zip(state, sdescs)),
                   "device": self.device, "compile": compile_, "threads": self.spec.get("threads", 0),
                   "lead_cycles": self.spec.get("lead_cycles", 0)})
@@ -127,7 +133,7 @@ class Judge:
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         in_bytes = sum(wire.nbytes_of(s) for s in sets)
         lo = wire.align(in_bytes + wire.ALIGN)
-        hi = lo + b * out_bytes
+        hi = lo + (0 if self.darena is not None else b * out_bytes)  # outputs: in the device arena if there is one
         self.arena.ensure(hi)
         descs, pos = [], 0
         keys = [self.rng.getrandbits(62) for _ in sets]
@@ -144,9 +150,14 @@ class Judge:
         self.runtime.flush()
         self.runtime.sync()
         t2 = clock()
-        ran = self.ask({"op": "run", "keys": keys, "guard": guard, "lo": lo, "hi": hi})
-        t_reply = clock()
-        got = self.snapshot(ran.get("outs"), b, lo, hi)
+        if self.darena is not None:  # outputs into the device arena, snapshotted on the device
+            ran = self.ask({"op": "run", "keys": keys, "guard": guard, "lo": 0, "hi": self.darena.size, "device": True})
+            t_reply = clock()
+            got = self.snapshot(ran.get("outs"), b, 0, self.darena.size)
+        else:
+            ran = self.ask({"op": "run", "keys": keys, "guard": guard, "lo": lo, "hi": hi})
+            t_reply = clock()
+            got = self.snapshot(ran.get("outs"), b, lo, hi)
         t3 = clock()
         claim = ran.get("claim_s")
         if not isinstance(claim, (int, float)) or not math.isfinite(claim) or claim < 0:
@@ -169,9 +180,35 @@ class Judge:
         if not isinstance(outs, list) or len(outs) != b or not all(isinstance(o, list) for o in outs):
             raise RemoteFailed("malformed run reply: one list of outputs per call expected")
         try:
-            return [[self.arena.get(d, lo, hi).clone() for d in o] for o in outs]
+            if self.darena is None:
+                return [[self.arena.get(d, lo, hi).clone() for d in o] for o in outs]
+            got = [[self._device_copy(d, lo, hi) for d in o] for o in outs]
+            self.runtime.sync()  # the copies end the round trip
+            return got
         except wire.ProtocolError as exc:
             raise RemoteFailed(f"malformed output descriptor: {exc}") from exc
+
+    def _device_copy(self, desc, lo: int, hi: int):
+        off, nbytes, shape, dtype = wire.tensor_desc(desc, lo, hi)
+        return self.darena.region(off, nbytes).view(dtype).reshape(shape).clone()
+
+    def setup_device_arena(self, timing: dict | None) -> None:
+        """CUDA: device memory shared with the remote for the outputs, sized for the largest trial; the host
+        arena stays the fallback (no driver support, or the remote could not map it)."""
+        if self.device == "cpu" or self.sock is None or not self.spec.get("device_arena"):
+            return
+        first = self.reference(self.fresh_inputs())
+        out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
+        b = self.batch_size(timing["min_trial_s"], out_bytes) if timing else 1
+        try:
+            arena = devarena.DeviceArena.create(b * out_bytes, torch.cuda.current_device())
+            devarena.send(self.sock, arena)
+            self.ask({"op": "darena"})
+            self.sock.close()
+        except (devarena.DeviceArenaError, OSError, RemoteFailed) as exc:
+            log.warning("device arena unavailable, the outputs go through host memory: %s", exc)
+            return
+        self.darena = arena
 
     def batch_size(self, min_trial_s: float, out_bytes: int) -> int:
         """Calls per trial, from the judge's own timing of the reference (never from a claim): a power of two
@@ -212,7 +249,7 @@ class Judge:
         if not all(isinstance(o, torch.Tensor) and str(o.dtype).removeprefix("torch.") in wire.DTYPES for o in first):
             return  # outputs the echo cannot stand in for: the bound falls back to the baseline's overhead
         out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
-        self.ask({"op": "echo", "device": self.device,
+        self.ask({"op": "echo", "device": self.device, "lead_cycles": self.spec.get("lead_cycles", 0),
                   "outs": [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")} for o in first]})
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         runs = [self.trial(b, [False] * b, out_bytes, guard=False) for _ in range(trials + 1)][1:]  # 1 warm-up
@@ -326,7 +363,7 @@ def compare(outs: list, expected: list, atol: float, rtol: float) -> tuple[bool,
     return True, "ok"
 
 
-def run(spec: dict, ch: wire.Channel, arena: wire.Arena) -> dict:
+def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None = None) -> dict:
     """The whole job; failures of the task or of this side are infrastructure faults."""
     from sandbox_workers.runner_common import load_task, versions
 
@@ -334,7 +371,7 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena) -> dict:
         hello = ch.recv(timeout=float(spec.get("startup_timeout_s", 120)))
     except wire.ProtocolError as exc:
         return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
-    judge = Judge(spec, ch, arena)
+    judge = Judge(spec, ch, arena, sock)
     result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
               "clock": judge.runtime.clock_info(), "variants": {}}
     try:
@@ -344,6 +381,10 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena) -> dict:
             judge.t_ref = judge.time_reference()  # before the remote loads any model (see batch_size)
     except Exception as exc:  # noqa: BLE001 - the task itself is broken: not the candidate's fault
         return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
+    try:
+        judge.setup_device_arena(spec.get("timing"))
+    except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault
+        return {"ok": False, "infra": True, "error": "the device arena failed: " + _err(exc)}
     if spec.get("timing"):
         try:
             judge.probe_overhead(spec["timing"])
@@ -352,7 +393,8 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena) -> dict:
     for v in spec["variants"]:
         t0 = time.monotonic()
         try:
-            judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False))
+            judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False),
+                       v.get("ext", ""))
             out = judge.measure(v["checked"], spec.get("timing"))
             out["ok"] = True
         except RemoteFailed as exc:
@@ -381,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rfd", type=int, required=True)
     ap.add_argument("--wfd", type=int, required=True)
     ap.add_argument("--arena", required=True)
+    ap.add_argument("--sock", type=int, default=-1, help="socketpair end for the device arena's descriptor")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="judge %(levelname)s %(message)s")
     spec = json.loads(sys.stdin.read())
     arena = wire.Arena(args.arena)
     try:
-        result = run(spec, wire.Channel(args.rfd, args.wfd), arena)
+        sock = socket.socket(fileno=args.sock) if args.sock >= 0 else None
+        result = run(spec, wire.Channel(args.rfd, args.wfd), arena, sock)
     except BaseException as exc:  # noqa: BLE001 - report whatever ended the judge
         result = {"ok": False, "infra": True, "error": "judge crashed: " + _err(exc)}
     tmp = spec["result_path"] + ".tmp"

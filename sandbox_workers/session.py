@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -84,13 +85,18 @@ class Session:
         the judge). A pre-started session hides that start-up behind the previous evaluation."""
         j_r, r_w = os.pipe()  # remote -> judge
         r_r, j_w = os.pipe()  # judge -> remote
+        # CUDA: the device arena's descriptor goes judge -> remote over this (before the remote's seccomp)
+        socks = socket.socketpair() if self.backend == "cuda" and self.sb.cuda_device_arena else None
+        s_j, s_r = (socks[0].fileno(), socks[1].fileno()) if socks else (-1, -1)
         self._logs = [open(self.dir / "remote.log", "w+b"), open(self.dir / "judge.log", "w+b")]  # noqa: SIM115 - the children write them until close()
         try:
-            self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0]))
-            self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1]))
+            self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0], s_r))
+            self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1], s_j))
         finally:
             for fd in (j_r, r_w, r_r, j_w):
                 os.close(fd)
+            for sk in socks or ():
+                sk.close()
         return self
 
     def alive(self) -> bool:
@@ -143,10 +149,11 @@ class Session:
         env.pop("TORCHDYNAMO_DISABLE", None)
         return env
 
-    def _spawn_remote(self, rfd: int, wfd: int, log_file) -> subprocess.Popen:
+    def _spawn_remote(self, rfd: int, wfd: int, log_file, sock: int = -1) -> subprocess.Popen:
         arena = self.path(self.arena, "/job/arena")
         argv = [sys.executable, "-m", "sandbox_workers.candidate.serve", "--role", self.role, "--rfd", str(rfd),
-                "--wfd", str(wfd), "--arena", arena, "--device", "cuda" if self.backend == "cuda" else "cpu"]
+                "--wfd", str(wfd), "--arena", arena, "--device", "cuda" if self.backend == "cuda" else "cpu",
+                "--sock", str(sock)]
         if not self.isolated:
             argv.append("--no-seccomp")
         # OpenMP pools spin ~10x longer than libgomp's default before they sleep, across the judge's flush
@@ -160,15 +167,15 @@ class Session:
                         memory_mb=self.sb.eval_memory_limit_mb if self.backend == "cpu" and not self.isolated else 0)
         if self.isolated:
             limits.data_mb = self.sb.eval_memory_limit_mb
-        return self._spawn(argv, self._remote_profile(), limits, self._env(extra), (rfd, wfd), log_file)
+        return self._spawn(argv, self._remote_profile(), limits, self._env(extra), _fds(rfd, wfd, sock), log_file)
 
-    def _spawn_judge(self, rfd: int, wfd: int, log_file) -> subprocess.Popen:
+    def _spawn_judge(self, rfd: int, wfd: int, log_file, sock: int = -1) -> subprocess.Popen:
         argv = [sys.executable, "-m", "sandbox_workers.judge", "--rfd", str(rfd), "--wfd", str(wfd),
-                "--arena", self.path(self.arena, "/job/arena")]
+                "--arena", self.path(self.arena, "/job/arena"), "--sock", str(sock)]
         # the judge's OpenMP threads must sleep, not spin, while the remote is being timed on the same cores
         extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
         limits = Limits(wall_s=0, cpu_s=0, file_size_mb=0)
-        return self._spawn(argv, self._judge_profile(), limits, self._env(extra), (rfd, wfd), log_file,
+        return self._spawn(argv, self._judge_profile(), limits, self._env(extra), _fds(rfd, wfd, sock), log_file,
                            stdin=subprocess.PIPE)
 
     def _spawn(self, argv, profile, limits, env, fds, log_file, stdin=subprocess.DEVNULL) -> subprocess.Popen:
@@ -245,3 +252,7 @@ def signal_name(rc: int | None) -> str:
         return signal.Signals(-rc).name
     except ValueError:
         return f"signal {-rc}"
+
+
+def _fds(*fds: int) -> tuple[int, ...]:
+    return tuple(fd for fd in fds if fd >= 0)

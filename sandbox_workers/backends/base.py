@@ -100,32 +100,39 @@ class Builder:
         flags = check_flags(list(extra_flags))
         flags += [f for f in self.auto_libs(files) if f not in flags]
         (work / "build.ninja").write_text(self.ninja_file(sources, flags, cfg))
-        sb = cfg.sandbox
-        iso = getattr(sb, "isolation", "bwrap")
-        profile = None
-        if ossandbox.mode(iso) == "bwrap":  # IsolationUnavailable when bwrap cannot run: fail closed
-            ossandbox.prepare_dir(work)
-            profile = ossandbox.Profile("build", rw_binds=[(str(work), str(work))], chdir=str(work),
-                                        tmp_mb=max(1024, getattr(sb, "sandbox_tmp_mb", 0)), toolchain=True)
-        limits = Limits(wall_s=sb.compile_timeout_s, cpu_s=sb.cpu_time_limit_s,
-                        memory_mb=sb.memory_limit_mb if self.name == "cpu" else 0,
-                        data_mb=sb.memory_limit_mb if profile is not None else 0,  # RLIMIT_DATA: CUDA-safe
-                        file_size_mb=sb.file_size_limit_mb)
-        ninja = shutil.which("ninja") or "ninja"
-        jobs = max(1, min(len(sources) + 1, sb.compile_jobs))
-        nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # builds yield to timing runs on shared CPUs
-        res = run_sandboxed([*nice, ninja, "-j", str(jobs)], cwd=str(work), limits=limits,
-                            env=sandbox_env(home=str(work)), max_output_chars=sb.max_output_chars,
-                            profile=profile, isolation=iso)
-        log = (res.stdout + res.stderr).strip()
-        lib = work / LIBRARY_NAME
-        if res.timed_out:
-            return BuildOutput(False, None, log, f"build exceeded the {sb.compile_timeout_s:.0f} s deadline",
-                               res.wall_s, True, res.network_isolated)
-        if res.returncode != 0 or not lib.is_file():
-            return BuildOutput(False, None, _clean_log(log, work), "compilation failed", res.wall_s,
-                               network_isolated=res.network_isolated)
-        return BuildOutput(True, lib, _clean_log(log, work), "", res.wall_s, network_isolated=res.network_isolated)
+        return run_ninja(work, cfg, max(1, min(len(sources) + 1, cfg.sandbox.compile_jobs)),
+                         rlimit_as=self.name == "cpu")
+
+
+def run_ninja(work: Path, cfg, jobs: int, rlimit_as: bool = True, ro_binds=(), file_size_mb: int = 0,
+              target: str = LIBRARY_NAME, wall_s: float = 0.0) -> BuildOutput:
+    """Run `work`/build.ninja in the build sandbox (only `work` writable, `ro_binds` visible read-only)."""
+    sb = cfg.sandbox
+    iso = getattr(sb, "isolation", "bwrap")
+    profile = None
+    if ossandbox.mode(iso) == "bwrap":  # IsolationUnavailable when bwrap cannot run: fail closed
+        ossandbox.prepare_dir(work)
+        profile = ossandbox.Profile("build", rw_binds=[(str(work), str(work))], ro_binds=list(ro_binds),
+                                    chdir=str(work), tmp_mb=max(1024, getattr(sb, "sandbox_tmp_mb", 0)),
+                                    toolchain=True)
+    limits = Limits(wall_s=wall_s or sb.compile_timeout_s, cpu_s=sb.cpu_time_limit_s,
+                    memory_mb=sb.memory_limit_mb if rlimit_as else 0,
+                    data_mb=sb.memory_limit_mb if profile is not None else 0,  # RLIMIT_DATA: CUDA-safe
+                    file_size_mb=file_size_mb or sb.file_size_limit_mb)
+    ninja = shutil.which("ninja") or "ninja"
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # builds yield to timing runs on shared CPUs
+    res = run_sandboxed([*nice, ninja, "-j", str(jobs)], cwd=str(work), limits=limits,
+                        env=sandbox_env(home=str(work)), max_output_chars=sb.max_output_chars,
+                        profile=profile, isolation=iso)
+    log = (res.stdout + res.stderr).strip()
+    lib = work / target
+    if res.timed_out:
+        return BuildOutput(False, None, log, f"build exceeded the {sb.compile_timeout_s:.0f} s deadline",
+                           res.wall_s, True, res.network_isolated)
+    if res.returncode != 0 or not lib.is_file():
+        return BuildOutput(False, None, _clean_log(log, work), "compilation failed", res.wall_s,
+                           network_isolated=res.network_isolated)
+    return BuildOutput(True, lib, _clean_log(log, work), "", res.wall_s, network_isolated=res.network_isolated)
 
 
 def _clean_log(log: str, work: Path) -> str:

@@ -13,11 +13,14 @@ allowed; it is not what keeps the reward honest.
 Messages (judge -> here -> judge):
   load  {source, cls, init, state, library, device, compile, threads, lead_cycles} -> {ok, error}
   stage {sets: [[desc, ...], ...]}        -> {ok}   (sealed inputs copied into this process's buffers)
+  darena {}                              -> {ok, size}  (CUDA, before any model code: map the device arena
+                                             whose descriptor the judge sent over the socketpair)
   echo  {outs: [{shape, dtype}, ...]}     -> {ok}   (before any model code: a trusted stand-in model that
                                              returns empty outputs of the task's shapes, so the judge can
                                              time the protocol's own overhead in this process)
-  run   {keys: [int, ...], lo, hi}        -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal, time the calls,
-                                             write the outputs into the arena's [lo, hi); the judge flushed
+  run   {keys: [int, ...], lo, hi, device} -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal, time the calls,
+                                             write the outputs into the arena's [lo, hi), the device arena's
+                                             when `device`; the judge flushed
                                              caches first and copies the outputs out as soon as this reply
                                              arrives, inside the round trip its clock measures)
   exit  {}
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 import traceback
@@ -33,7 +37,7 @@ import types
 
 import torch
 
-from sandbox_workers.candidate import policy, wire
+from sandbox_workers.candidate import devarena, policy, wire
 
 
 class Remote:
@@ -45,6 +49,8 @@ class Remote:
         self.lead_cycles = 0
         self.guard_rec = policy.Recorder()
         self.code_loaded = False
+        self.sock: socket.socket | None = None  # the judge's socketpair end: the device arena's descriptor
+        self.darena: devarena.DeviceArena | None = None
         self.locked = False
         self.seccomp = True
 
@@ -68,7 +74,8 @@ class Remote:
             op = msg.get("op")
             if op == "exit":
                 return
-            handler = {"load": self.load, "stage": self.stage, "run": self.run, "echo": self.echo}.get(op)
+            handler = {"load": self.load, "stage": self.stage, "run": self.run, "echo": self.echo,
+                       "darena": self.map_device_arena}.get(op)
             if handler is None:
                 self.ch.send({"ok": False, "error": f"unknown op {op!r}"})
                 continue
@@ -88,7 +95,9 @@ class Remote:
         self.lead_cycles = int(msg.get("lead_cycles", 0))
         if msg.get("threads"):
             torch.set_num_threads(int(msg["threads"]))
-        if msg.get("library"):
+        if msg.get("library") and msg.get("ext"):
+            _bind_extension(msg["ext"], msg["library"])
+        elif msg.get("library"):
             sys.path.insert(0, msg["infra"])
             import krl
 
@@ -127,6 +136,19 @@ class Remote:
         self._sync()
         return {"ok": True}
 
+    def map_device_arena(self, msg: dict) -> dict:
+        """Map the judge's device arena (before seccomp: the descriptor arrives over a socket)."""
+        if self.locked or self.sock is None:
+            return {"ok": False, "error": "darena: only before the first job starts, with a socket"}
+        import torch
+
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+        self.darena = devarena.receive(self.sock)
+        self.sock.close()  # nothing else travels on it: candidate code must not find a channel to the judge
+        self.sock = None
+        return {"ok": True, "size": self.darena.size}
+
     def echo(self, msg: dict) -> dict:
         """The protocol with no model work: only before any model code ran here, so its timing is honest."""
         if self.code_loaded:
@@ -134,6 +156,7 @@ class Remote:
         self.device = msg.get("device", "cpu")
         if not self.locked:
             self.lock_down()
+        self.lead_cycles = int(msg.get("lead_cycles", 0))  # the same GPU spin before the calls as the model's runs
         specs = [(list(o["shape"]), wire.DTYPES[o["dtype"]]) for o in msg["outs"]]
         device = self.device
         self.model = lambda *inputs: [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
@@ -173,13 +196,16 @@ class Remote:
         if self.guard_rec.found:  # tripped, and the candidate swallowed the exception
             return {"ok": False, "error": "guard: " + self.guard_rec.found[0]["detail"],
                     "violations": self.guard_rec.found}
-        placed = self._place(outs, int(msg["lo"]), int(msg["hi"]))
+        placed = self._place(outs, int(msg["lo"]), int(msg["hi"]), bool(msg.get("device")))
         if isinstance(placed, str):
             return {"ok": False, "error": placed}
+        self._sync()  # the judge's snapshot (another process) must find the copies done
         return {"ok": True, "claim_s": claim / max(1, len(sets)), "outs": placed}
 
-    def _place(self, outs: list, lo: int, hi: int):
+    def _place(self, outs: list, lo: int, hi: int, device: bool = False):
         """Every call's outputs into the arena's output region (descriptors), or why they cannot go there."""
+        if device and self.darena is None:
+            return "run: the outputs go to a device arena that was never mapped"
         self.arena.remap()
         descs, pos = [], lo
         for call in outs:
@@ -187,7 +213,7 @@ class Remote:
                 if type(o) is not torch.Tensor:
                     return f"output {j}: expected a plain torch.Tensor, got {type(o).__module__}.{type(o).__name__}"
             try:
-                d, pos = self.arena.put(call, pos, hi)
+                d, pos = wire.place(self.darena.region, call, pos, hi) if device else self.arena.put(call, pos, hi)
             except wire.ProtocolError as exc:
                 return f"outputs do not fit the expected outputs' size: {exc}"
             descs.append(d)
@@ -206,6 +232,31 @@ class Remote:
             torch.cuda.synchronize()
 
 
+def _bind_extension(name: str, path: str) -> None:
+    """A torch extension prebuilt by the compile worker (KernelBench load_inline, CUDA-Agent): imported under its
+    module name; `torch.utils.cpp_extension.load_inline`/`load` return it instead of compiling (no compiler
+    exists in this sandbox), and `import cuda_extension` finds it."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    ext = importlib.util.module_from_spec(spec)
+    loader.exec_module(ext)
+    sys.modules[name] = ext
+
+    def prebuilt(name: str = "", *args, **kwargs):
+        if name != ext.__name__:
+            raise RuntimeError(f"load_inline(name={name!r}): this solution's extension was built as {ext.__name__!r}")
+        return ext
+
+    fake = types.ModuleType("torch.utils.cpp_extension")
+    fake.load_inline = fake.load = prebuilt
+    fake.CUDA_HOME = None
+    sys.modules["torch.utils.cpp_extension"] = fake
+    torch.utils.cpp_extension = fake
+
+
 def _err(exc: BaseException, limit: int = 3000) -> str:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return text if len(text) <= limit else "...\n" + text[-limit:]
@@ -218,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wfd", type=int, required=True)
     ap.add_argument("--arena", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sock", type=int, default=-1, help="socketpair end for the device arena's descriptor")
     ap.add_argument("--no-seccomp", action="store_true", help="isolation=none only: trusted code")
     args = ap.parse_args(argv)
     remote = Remote(args.role, wire.Channel(args.rfd, args.wfd), wire.Arena(args.arena))
     remote.seccomp = not args.no_seccomp
+    if args.sock >= 0:
+        remote.sock = socket.socket(fileno=args.sock)
     try:
         remote.serve()
     except wire.PeerGone:

@@ -142,46 +142,59 @@ class Arena:
         end = self.size if end is None else end
         descs, pos = [], start
         for v in values:
-            if not isinstance(v, torch.Tensor):
+            if isinstance(v, torch.Tensor):
+                d, pos = place(self.raw, [v], pos, end)
+                descs += d
+            else:
                 descs.append({"t": "value", "v": _plain(v)})
-                continue
-            t = v.detach()
-            dtype = str(t.dtype).removeprefix("torch.")
-            if dtype not in DTYPES:
-                raise ProtocolError(f"tensor dtype {t.dtype} cannot be passed")
-            t = t.contiguous()
-            nbytes = t.numel() * t.element_size()
-            pos = align(pos)
-            if pos + nbytes > end:
-                raise ProtocolError(f"tensors need more than the {end - start} bytes of their region")
-            if nbytes:
-                self.raw(pos, nbytes).copy_(t.reshape(-1).view(torch.uint8))
-            descs.append({"t": "tensor", "off": pos, "nbytes": nbytes, "shape": list(t.shape), "dtype": dtype})
-            pos += nbytes
         return descs, pos
 
     def get(self, desc, lo: int = 0, hi: int | None = None):
         """A descriptor's value; a tensor is a view into the file (copy it before the region is reused)."""
-        if not isinstance(desc, dict):
-            raise ProtocolError("descriptor is not an object")
-        if desc.get("t") == "value":
+        if isinstance(desc, dict) and desc.get("t") == "value":
             return desc.get("v")
-        if desc.get("t") != "tensor":
-            raise ProtocolError(f"unknown descriptor kind {desc.get('t')!r}")
-        hi = self.size if hi is None else hi
-        off, nbytes, shape, dtype = desc.get("off"), desc.get("nbytes"), desc.get("shape"), desc.get("dtype")
-        if not (isinstance(off, int) and isinstance(nbytes, int) and isinstance(shape, list)):
-            raise ProtocolError("tensor descriptor fields have the wrong types")
+        off, nbytes, shape, dtype = tensor_desc(desc, lo, self.size if hi is None else hi)
+        return self.raw(off, nbytes).view(dtype).reshape(shape)
+
+
+def tensor_desc(desc, lo: int, hi: int) -> tuple[int, int, list, torch.dtype]:
+    """A tensor descriptor from the other end, validated: (offset, bytes, shape, dtype) inside [lo, hi)."""
+    if not isinstance(desc, dict):
+        raise ProtocolError("descriptor is not an object")
+    if desc.get("t") != "tensor":
+        raise ProtocolError(f"unknown descriptor kind {desc.get('t')!r}")
+    off, nbytes, shape, dtype = desc.get("off"), desc.get("nbytes"), desc.get("shape"), desc.get("dtype")
+    if not (isinstance(off, int) and isinstance(nbytes, int) and isinstance(shape, list)):
+        raise ProtocolError("tensor descriptor fields have the wrong types")
+    if dtype not in DTYPES:
+        raise ProtocolError(f"tensor dtype {dtype!r} is not allowed")
+    if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise ProtocolError(f"bad tensor shape {shape!r}")
+    item = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    if math.prod(shape) * item != nbytes:
+        raise ProtocolError(f"shape {shape} of {dtype} is not {nbytes} bytes")
+    if off < lo or off % ALIGN or off + nbytes > hi:
+        raise ProtocolError(f"tensor at [{off}, {off + nbytes}) lies outside its region [{lo}, {hi})")
+    return off, nbytes, shape, DTYPES[dtype]
+
+
+def place(region_of, values: list, start: int, end: int) -> tuple[list[dict], int]:
+    """Tensors written from `start` through `region_of(off, nbytes)` (a uint8 view); descriptors, next offset."""
+    descs, pos = [], start
+    for v in values:
+        t = v.detach().contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in DTYPES:
-            raise ProtocolError(f"tensor dtype {dtype!r} is not allowed")
-        if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise ProtocolError(f"bad tensor shape {shape!r}")
-        item = torch.empty(0, dtype=DTYPES[dtype]).element_size()
-        if math.prod(shape) * item != nbytes:
-            raise ProtocolError(f"shape {shape} of {dtype} is not {nbytes} bytes")
-        if off < lo or off % ALIGN or off + nbytes > hi:
-            raise ProtocolError(f"tensor at [{off}, {off + nbytes}) lies outside its region [{lo}, {hi})")
-        return self.raw(off, nbytes).view(DTYPES[dtype]).reshape(shape)
+            raise ProtocolError(f"tensor dtype {t.dtype} cannot be passed")
+        nbytes = t.numel() * t.element_size()
+        pos = align(pos)
+        if pos + nbytes > end:
+            raise ProtocolError(f"tensors need more than the {end - start} bytes of their region")
+        if nbytes:
+            region_of(pos, nbytes).copy_(t.reshape(-1).view(torch.uint8))
+        descs.append({"t": "tensor", "off": pos, "nbytes": nbytes, "shape": list(t.shape), "dtype": dtype})
+        pos += nbytes
+    return descs, pos
 
 
 # ---------------------------------------------------------------------- sealing

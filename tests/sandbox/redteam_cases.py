@@ -273,7 +273,7 @@ TAMPER = [
     Case("forged_output_descriptors", "tamper", fwd(CALL, header="""
         import sys
         _R = sys.modules["__main__"].Remote
-        def _place(self, outs, lo, hi):  # point the judge at the staged (input) region instead of writing outputs
+        def _place(self, outs, lo, hi, device=False):  # point the judge at the staged (input) region instead
             return [[{"t": "tensor", "off": 0, "nbytes": call[0].numel() * 4, "shape": list(call[0].shape),
                       "dtype": "float32"}] for call in outs]
         _R._place = _place
@@ -676,10 +676,10 @@ TIMING = [
         _PENDING = []
         _R = sys.modules["__main__"].Remote
         _place = _R._place
-        def _late(self, outs, lo, hi):  # the claim's clock has stopped: finish the work, then place the outputs
+        def _late(self, outs, lo, hi, device=False):  # the claim's clock has stopped: finish the work, then place
             while _PENDING:
                 _PENDING.pop().join()
-            return _place(self, outs, lo, hi)
+            return _place(self, outs, lo, hi, device)
         _R._place = _late
         """), ev="timing", mode="both",
         reward_max=1.0, why="the work finishes inside the run round trip, after the claim's clock: the bound "
@@ -696,8 +696,8 @@ TIMING = [
         _PENDING = []
         _R = sys.modules["__main__"].Remote
         _place = _R._place
-        def _late(self, outs, lo, hi):
-            descs = _place(self, [[torch.zeros_like(o) for o in call] for call in outs], lo, hi)  # zeros now
+        def _late(self, outs, lo, hi, device=False):
+            descs = _place(self, [[torch.zeros_like(o) for o in call] for call in outs], lo, hi, device)  # zeros
             work, _PENDING[:] = list(_PENDING), []
             def finish():  # the real outputs into the arena once the reply is on its way
                 for (t, y), ds in zip(work, descs):

@@ -1,0 +1,64 @@
+"""Solution formats end to end on the CPU backend: KernelBench load_inline built by the compile path (cached,
+precompiled header), judged like kernelrl's own format; torch compute in C++ refused from the built binary."""
+from __future__ import annotations
+
+import pytest
+
+from sandbox_workers import compiler, formats
+from tests.sandbox.helpers import GEMM_TASK, shrunk_task
+from tests.sandbox.kernelbench_cases import COMPUTED_KB, GEMM_KB, MATMUL_KB, RELU_KB
+
+
+def test_extract_reads_literals_and_constants():
+    spec = formats.extract(GEMM_KB)
+    assert spec.name == "gemm_fused" and spec.functions == ["gemm_mul_lrelu"]
+    assert "gemm_mul_lrelu(torch::Tensor x" in spec.cpp_sources[0] and spec.var == "fused"
+    assert formats.detect({"model_new.py": RELU_KB}) == formats.KERNELBENCH
+    assert formats.detect({"model_new.py": RELU_KB, "kernels/a.cpp": ""}) == formats.KRL
+    src = formats.extension_sources(formats.extract(RELU_KB))["kernels/main.cpp"]
+    assert src.startswith("#include <torch/extension.h>") and 'm.def("relu_forward"' in src
+
+
+def test_computed_source_refused_with_clear_error(sb_cfg):
+    with pytest.raises(formats.FormatError, match=r"cpp_sources= must be .*computed at run time"):
+        formats.extract(COMPUTED_KB)
+    out = compiler.compile_workspace({"model_new.py": COMPUTED_KB}, "cpu", sb_cfg)
+    assert not out.ok and "computed at run time" in out.error and "line" in out.error
+
+
+def test_kernelbench_relu_level1_end_to_end(evaluator, relu_task, sb_cfg):
+    files = {"model_new.py": RELU_KB}
+    res = evaluator.evaluate(relu_task, files, mode="both")
+    assert res["compiled"] and res["correct"], res["error"] or res["evidence"].get("compile")
+    assert res["reward"] >= 1 and res["timings"]["candidate"]["median_s"] > 0
+    again = compiler.compile_workspace(files, "cpu", sb_cfg)  # content-addressed: no second build
+    assert again.ok and again.cached
+
+
+def test_kernelbench_gemm_level2_end_to_end(evaluator):
+    task = shrunk_task(GEMM_TASK[0], **GEMM_TASK[1])
+    res = evaluator.evaluate(task, {"model_new.py": GEMM_KB}, mode="both")
+    assert res["compiled"] and res["correct"], res["error"] or res["evidence"].get("compile")
+    assert res["reward"] >= 1
+
+
+def test_torch_matmul_in_cpp_refused_by_binary_policy(sb_cfg):
+    out = compiler.compile_workspace({"model_new.py": MATMUL_KB}, "cpu", sb_cfg)
+    assert not out.ok and "torch_compute" in out.violations
+    assert "at::_ops::matmul::call" in out.log
+
+
+def test_convert_round_trip_builds(sb_cfg):
+    from sandbox_workers import convert, workspace
+    from tests.sandbox.helpers import ROOT
+
+    src = workspace.read_dir(ROOT / "skills" / "examples" / "cpu_19_relu")
+    kb = convert.to_kernelbench(src, "cpu")
+    assert set(kb) == {"model_new.py"} and formats.detect(kb) == formats.KERNELBENCH
+    assert formats.extract(kb["model_new.py"]).functions == ["relu_f32_t"]
+    assert not formats.check_python(kb), formats.check_python(kb)
+    assert convert.to_krl(kb) == src  # back, byte for byte
+    out = compiler.compile_workspace(kb, "cpu", sb_cfg)  # the converted solution builds and passes the policy
+    assert out.ok, out.error + out.log
+    with pytest.raises(formats.FormatError.__mro__[1], match="not mechanical"):
+        convert.to_krl({"model_new.py": RELU_KB})
