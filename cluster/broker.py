@@ -4,7 +4,9 @@ Jars come from Maven Central once (cluster/broker_fetch.py) into
 ``<cache_dir>/kafka-<version>/libs``. Each broker lives in a state dir holding its
 ``server.properties``, data (``data/``), log (``broker.log``) and ``state.json``
 (pid, ports, bootstrap address, version): ``Bus(cfg)``, ``status`` and ``stop`` read it.
-The broker listens on ``broker.host`` only (loopback by default); its ports are chosen free at the first
+The broker listens on ``broker.host`` only (loopback by default; "0.0.0.0" = every interface) and tells
+clients to connect to ``broker.advertised_host`` (default: ``broker.host``), also the address the
+controller and the readiness check use, so no part of it assumes loopback; its ports are chosen free at the first
 start and reused on later starts of the same state dir, so clients survive a restart. By default any
 client that reaches the port may do anything; ``broker.auth = "sasl"`` turns on the authenticated listener:
 SASL PLAIN on every listener (the controller's too), the StandardAuthorizer with no access without an
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from cluster.broker_fetch import _require, fetch, fetched, kafka_home  # noqa: F401 (re-exported)
 from cluster.broker_state import (_MAIN_CLASS, _port_open, _state_file, _write_state,  # noqa: F401 (re-exported)
-                                  bootstrap_servers, pid_alive, read_json, read_state, state_dir, status,
+                                  bootstrap_servers, client_host, pid_alive, read_json, read_state, state_dir, status,
                                   write_json, write_private)
 from cluster.procs import die_with_parent
 from cluster.errors import RetriableError, SetupError
@@ -110,8 +112,9 @@ def _auth_properties(cfg, listener: str) -> dict:
 def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int = 1, voters: str = "",
                       replicas: int = 1) -> str:
     """One KRaft node (broker and controller); ``voters`` lists the quorum of a multi-node cluster, whose
-    internal topics get ``replicas`` copies with at least 2 in sync. Every listener binds ``broker.host``."""
-    host = cfg.broker.host
+    internal topics get ``replicas`` copies with at least 2 in sync. Every listener binds ``broker.host``; clients
+    and the controller quorum reach the node at ``broker.advertised_host`` (default: ``broker.host``)."""
+    host, advertised = cfg.broker.host, client_host(cfg)
     max_bytes = _max_message_bytes(cfg)
     isr = 2 if replicas >= 3 else 1
     sasl = cfg.broker.auth == "sasl"
@@ -119,9 +122,9 @@ def server_properties(cfg, data_dir: Path, port: int, cport: int, node_id: int =
     props = {
         "process.roles": "broker,controller",
         "node.id": node_id,
-        "controller.quorum.voters": voters or f"{node_id}@{host}:{cport}",
+        "controller.quorum.voters": voters or f"{node_id}@{advertised}:{cport}",
         "listeners": f"{name}://{host}:{port},CONTROLLER://{host}:{cport}",
-        "advertised.listeners": f"{name}://{host}:{port}",
+        "advertised.listeners": f"{name}://{advertised}:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": name,
         "listener.security.protocol.map": f"CONTROLLER:{name},{name}:{name}",
@@ -187,7 +190,7 @@ def _wait_ready(cfg, proc: subprocess.Popen, port: int, deadline: float, logfile
         if proc.poll() is not None:
             raise SetupError(f"Kafka exited with code {proc.returncode} during start; "
                              f"last log lines:\n{_tail(logfile)}")
-        if _port_open(cfg.broker.host, port) and _api_ready(cfg.broker.host, port, cfg):
+        if _port_open(client_host(cfg), port) and _api_ready(client_host(cfg), port, cfg):
             return
         time.sleep(0.2)
     raise RetriableError(f"Kafka did not become ready within {cfg.broker.start_timeout_s}s; "
@@ -251,7 +254,7 @@ def start(cfg, tie_to_parent: bool = False) -> dict:
                                 preexec_fn=die_with_parent if tie_to_parent else None)
     _CHILDREN[proc.pid] = proc
     state = {"pid": proc.pid, "port": port, "controller_port": cport, "host": cfg.broker.host,
-             "bootstrap": f"{cfg.broker.host}:{port}", "version": cfg.broker.kafka_version,
+             "advertised_host": client_host(cfg), "bootstrap": f"{client_host(cfg)}:{port}", "version": cfg.broker.kafka_version,
              "auth": cfg.broker.auth, "started_at": time.time()}
     _write_state(cfg, state)
     try:

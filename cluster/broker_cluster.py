@@ -79,7 +79,7 @@ def start(cfg, nodes: int = 3, tie_to_parent: bool = False) -> dict:
     st = status(cfg)
     ports = _ports(cfg, st, nodes)
     cluster_id = st.get("cluster_id") or broker._cluster_id()
-    host = cfg.broker.host
+    host = broker.client_host(cfg)  # what the quorum and clients connect to (broker.advertised_host)
     voters = ",".join(f"{i + 1}@{host}:{c}" for i, (_, c) in enumerate(ports))
     old = {n["id"]: n for n in st.get("nodes", [])}
     state = {"cluster_id": cluster_id, "version": cfg.broker.kafka_version, "host": host,
@@ -132,7 +132,8 @@ def _wait_node(cfg, node: dict, deadline: float) -> None:
         if not broker.pid_alive(node["pid"]):
             raise SetupError(f"Kafka node {node['id']} exited during start; last log lines:\n"
                              f"{broker._tail(logfile)}")
-        if broker._port_open(cfg.broker.host, node["port"]) and broker._api_ready(cfg.broker.host, node["port"], cfg):
+        host = broker.client_host(cfg)
+        if broker._port_open(host, node["port"]) and broker._api_ready(host, node["port"], cfg):
             return
         time.sleep(0.3)
     raise RetriableError(f"Kafka node {node['id']} did not serve in time; last log lines:\n{broker._tail(logfile)}")

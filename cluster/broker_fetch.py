@@ -3,6 +3,9 @@
 A generated pom under ``<cache_dir>/kafka-<version>/`` and ``mvn dependency:copy-dependencies``
 put the runtime jars in ``libs/``; a marker holding the pom marks them complete, so a
 changed pom (version, logging deps) refetches. Clear SetupErrors when Java or Maven is missing.
+MirrorMaker 2 (``org.apache.kafka:connect-mirror``, same pinned version) is a second, optional set,
+fetched only on demand (``fetch_mirror``, `kernelrl broker fetch --mirror`) into ``mirror/libs/``
+with its own marker; the broker's set is not touched by it.
 """
 from __future__ import annotations
 
@@ -42,6 +45,9 @@ _POM = """<?xml version="1.0" encoding="UTF-8"?>
   </dependencies>
 </project>
 """
+# connect-mirror pulls connect-runtime, connect-mirror-client, connect-json, connect-transforms, kafka-clients
+_MIRROR_POM = _POM.replace("<artifactId>kafka-runtime</artifactId>", "<artifactId>kafka-mirror-runtime</artifactId>") \
+    .replace("<artifactId>kafka_{scala}</artifactId>", "<artifactId>connect-mirror</artifactId>")
 
 
 def kafka_home(cfg) -> Path:
@@ -77,36 +83,62 @@ def _pom(cfg) -> str:
     return _POM.format(scala=cfg.broker.scala_version, version=cfg.broker.kafka_version)
 
 
-def fetched(cfg) -> bool:
-    """True when the jars of exactly this pom are in place."""
+def _mirror_pom(cfg) -> str:
+    return _MIRROR_POM.format(version=cfg.broker.kafka_version)
+
+
+def mirror_home(cfg) -> Path:
+    return kafka_home(cfg) / "mirror"
+
+
+def _complete(libs: Path, pom: str) -> bool:
     try:
-        return (kafka_home(cfg) / "libs" / _MARKER).read_text() == _pom(cfg)
+        return (libs / _MARKER).read_text() == pom
     except OSError:
         return False
 
 
+def fetched(cfg) -> bool:
+    """True when the jars of exactly this pom are in place."""
+    return _complete(kafka_home(cfg) / "libs", _pom(cfg))
+
+
+def mirror_fetched(cfg) -> bool:
+    return _complete(mirror_home(cfg) / "libs", _mirror_pom(cfg))
+
+
 def fetch(cfg, quiet: bool = True) -> Path:
     """Download the broker's runtime jars once; a no-op when they are present."""
-    home = kafka_home(cfg)
+    return _fetch_set(kafka_home(cfg), _pom(cfg), "kafka_*.jar",
+                      f"org.apache.kafka:kafka_{cfg.broker.scala_version}:{cfg.broker.kafka_version}", quiet)
+
+
+def fetch_mirror(cfg, quiet: bool = True) -> Path:
+    """Download MirrorMaker 2's runtime jars (connect-mirror and its Connect runtime) once, on demand."""
+    return _fetch_set(mirror_home(cfg), _mirror_pom(cfg), "connect-mirror-[0-9]*.jar",
+                      f"org.apache.kafka:connect-mirror:{cfg.broker.kafka_version}", quiet)
+
+
+def _fetch_set(home: Path, pom: str, expect: str, what: str, quiet: bool) -> Path:
+    """``mvn dependency:copy-dependencies`` of ``pom`` into ``home/libs``, marked complete by the pom."""
     libs = home / "libs"
-    if fetched(cfg):
+    if _complete(libs, pom):
         return libs
     _check_java(_require("java", "Java 17+"))
     mvn = _require("mvn", "Maven (to fetch the Kafka jars from Maven Central)")
     home.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(libs, ignore_errors=True)  # no stale jars from another pom
-    (home / "pom.xml").write_text(_pom(cfg))
+    (home / "pom.xml").write_text(pom)
     cmd = [mvn, "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}",
            "-DincludeScope=runtime"]
     if quiet:
         cmd.insert(1, "-q")
-    log.info("fetching Kafka %s jars into %s", cfg.broker.kafka_version, libs)
+    log.info("fetching %s jars into %s", what, libs)
     proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-3000:]
-        raise RetriableError(f"mvn could not fetch org.apache.kafka:kafka_{cfg.broker.scala_version}:"
-                             f"{cfg.broker.kafka_version} (network? version?):\n{tail}")
-    if not any(libs.glob("kafka_*.jar")):
-        raise SetupError(f"mvn finished but no kafka jar is in {libs}")
-    (libs / _MARKER).write_text(_pom(cfg))
+        raise RetriableError(f"mvn could not fetch {what} (network? version?):\n{tail}")
+    if not any(libs.glob(expect)):
+        raise SetupError(f"mvn finished but no {expect} is in {libs}")
+    (libs / _MARKER).write_text(pom)
     return libs

@@ -77,8 +77,13 @@ def status(cfg) -> dict:
     st = read_state(cfg)
     st["state_dir"] = str(state_dir(cfg))
     st["running"] = pid_alive(st.get("pid"))
-    st["reachable"] = bool(st["running"] and _port_open(cfg.broker.host, st.get("port", 0)))
+    st["reachable"] = bool(st["running"] and _port_open(client_host(cfg), st.get("port", 0)))
     return st
+
+
+def client_host(cfg) -> str:
+    """The address clients connect to: broker.advertised_host, else the bound broker.host."""
+    return cfg.broker.advertised_host or cfg.broker.host
 
 
 def bootstrap_servers(cfg) -> str:

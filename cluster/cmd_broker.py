@@ -11,6 +11,8 @@ def add_arguments(p) -> None:
     p.add_argument("--nodes", type=int, default=1,
                    help="start/stop/status a replicated cluster of N KRaft nodes on loopback (tests, drills); "
                         "point bus.bootstrap_servers at its bootstrap and set topics.replication_factor=3")
+    p.add_argument("--mirror", action="store_true",
+                   help="fetch: also fetch MirrorMaker 2 (connect-mirror, same Kafka version) for two clusters")
 
 
 def _show(args, data: dict, line: str) -> None:
@@ -25,8 +27,14 @@ def run(args, cfg) -> int:
 
     if args.action == "fetch":
         libs = broker.fetch(cfg)
-        _show(args, {"libs": str(libs), "version": cfg.broker.kafka_version},
-              f"Kafka {cfg.broker.kafka_version} jars in {libs}")
+        data = {"libs": str(libs), "version": cfg.broker.kafka_version}
+        line = f"Kafka {cfg.broker.kafka_version} jars in {libs}"
+        if getattr(args, "mirror", False):
+            from cluster.broker_fetch import fetch_mirror
+
+            data["mirror_libs"] = str(fetch_mirror(cfg))
+            line += f"; MirrorMaker 2 jars in {data['mirror_libs']}"
+        _show(args, data, line)
         return 0
     if args.nodes > 1:
         return _cluster(args, cfg)

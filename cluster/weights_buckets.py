@@ -3,7 +3,8 @@
 A bucket is the safetensors serialisation of some of the policy's tensors (``pack``: about
 ``bucket_bytes`` each; a tensor larger than that is a bucket of its own). The learner sends bucket i as
 WeightChunks named ``bucket-<i>`` on one partition of topics.WEIGHTS_CHUNKS (the ``files`` layout's
-Kafka scheme), then announces layout "buckets" with every bucket's sha256 and size. An actor
+Kafka scheme and URI: located by record time and key, so it survives mirroring), then announces layout
+"buckets" with every bucket's sha256 and size. An actor
 (``receive_buckets``) assembles one bucket at a time in memory, checks it against the announcement and
 hands it on (``receive_pipelined``: while the next one arrives); nothing touches a disk on either side.
 ``tensors_of`` turns a verified bucket back into (name, tensor) pairs for the engine's ``load_weights``.
@@ -89,7 +90,7 @@ def publish_kafka_buckets(producer, model_name: str, version: int, buckets: Iter
         raise WeightsCorrupt(f"weights v{version}: no tensors to publish")
     producer.flush(timeout_s)
     metas = [f.get(timeout=timeout_s) for f in futures]  # raises BusError: then nothing is announced
-    uri = f"kafka://{topics.WEIGHTS_CHUNKS}/{metas[0].partition}@{metas[0].offset}"
+    uri = wt.chunks_uri(metas[0].partition, metas[0].timestamp)
     return WeightAnnouncement(model_name=model_name, version=version, transport="kafka", uri=uri,
                               num_chunks=index, total_bytes=sum(sizes), sha256=bucket_digest(shas), step=step,
                               layout="buckets", buckets=shas, bucket_bytes=sizes)
@@ -116,18 +117,9 @@ def receive_buckets(bus, ann: WeightAnnouncement, on_bucket: Callable[[int, byte
 
     Raises WeightsCorrupt / WeightsMissing / WeightsTimeout / WeightsCancelled; buckets already handed on
     are then the caller's to drop. Returns the number of buckets."""
-    from kafka import TopicPartition
-
     check_announcement(ann)
-    m = wt._URI.match(ann.uri)
-    if not m:
-        raise WeightsCorrupt(f"weights v{ann.version}: bad kafka uri {ann.uri!r}")
-    topic, part, start = m["topic"], int(m["partition"]), int(m["offset"])
-    cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
+    cons = wt.open_chunks(bus, ann, min(timeout_s, wt.ARRIVAL_WAIT_S))
     try:
-        tp = TopicPartition(bus.topic(topic), part)
-        wt._check_chunks_exist(cons.kafka, tp, start, ann)
-        cons.kafka.seek(tp, start)
         _assemble(cons, ann, on_bucket, time.monotonic() + timeout_s, cancelled or (lambda: False))
     finally:
         cons.close()

@@ -76,8 +76,11 @@ def pick_backend(configured: str, mine: str, peer: str) -> str:
     return "nccl" if configured == "nccl" and mine and peer and mine != peer else "gloo"
 
 
-def _group(store, prefix: str, rank: int, backend: str, timeout_s: float):
-    """A two-rank process group of its own (the default group, DeepSpeed's or vLLM's, is untouched)."""
+def _group(store, prefix: str, rank: int, backend: str, timeout_s: float, local_host: str):
+    """A two-rank process group of its own (the default group, DeepSpeed's or vLLM's, is untouched).
+    ``local_host``: this side's address toward the other (gloo's sockets bind it)."""
+    import os
+
     import torch
     import torch.distributed as dist
 
@@ -87,7 +90,22 @@ def _group(store, prefix: str, rank: int, backend: str, timeout_s: float):
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(ps, rank, 2, opts), torch.device("cuda", torch.cuda.current_device())
-    return dist.ProcessGroupGloo(ps, rank, 2, timeout), torch.device("cpu")
+    if os.environ.get("GLOO_SOCKET_IFNAME"):  # the operator's choice of interface wins
+        return dist.ProcessGroupGloo(ps, rank, 2, timeout), torch.device("cpu")
+    # gloo's default device resolves the machine's host name, often to a loopback address (127.0.1.1 in
+    # /etc/hosts) that the peer on another machine cannot reach: bind the address that reaches the peer
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
+    return dist.ProcessGroupGloo(ps, rank, 2, opts), torch.device("cpu")
+
+
+def _local_address(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
 
 
 def _broadcast(pg, tensor) -> None:
@@ -231,7 +249,7 @@ class WeightStreamServer:
         if backend != self.backend:
             log.info("transfer %d: gloo, the receiver %s", n, "shares this GPU" if peer else "has no GPU")
         self.store.set(f"t{n}/header", json.dumps({"backend": backend, "files": files, "chunk": self.chunk_bytes}))
-        pg, device = _group(self.store, f"t{n}/pg/", 0, backend, self.timeout_s)
+        pg, device = _group(self.store, f"t{n}/pg/", 0, backend, self.timeout_s, self.host)
         try:
             for f, (_, size) in zip(handles, files):
                 self._send_file(pg, device, f, size)
@@ -298,7 +316,7 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
     backend = header["backend"]
     if backend == "nccl" and not torch.cuda.is_available():  # the server only picks it when we said we have one
         raise KernelRLError(f"weights v{ann.version}: the weight server chose NCCL for a receiver without a GPU")
-    pg, device = _group(store, f"t{n}/pg/", 1, backend, timeout_s)
+    pg, device = _group(store, f"t{n}/pg/", 1, backend, timeout_s, _local_address(host, int(m["port"])))
     hashes: dict[str, str] = {}
     try:
         for name, size in header["files"]:

