@@ -66,7 +66,7 @@ def tensors_of(data: bytes) -> list[tuple[str, object]]:
 
     try:
         return list(load(bytes(data)).items())
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+    except Exception as exc:  # safetensors raises its own error types
         raise WeightsCorrupt(f"a weight bucket is not a safetensors serialisation: {exc}") from exc
 
 

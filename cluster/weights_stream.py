@@ -226,7 +226,7 @@ class WeightStreamServer:
         folder = wfs.version_dir(self.root, model_name, int(version))
         try:
             # opened up front: pruning may delete the folder mid-transfer, open files stay readable
-            handles = [open(p, "rb") for p in wfs.version_files(folder)] if (folder / wfs.MANIFEST).is_file() else []
+            handles = [open(p, "rb") for p in wfs.version_files(folder)] if (folder / wfs.MANIFEST).is_file() else []  # noqa: SIM115 - closed after the transfer
         except FileNotFoundError:
             handles = []
         if not handles:

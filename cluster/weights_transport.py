@@ -248,7 +248,7 @@ def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float, c
                         handle.close()
                     if c.file_name in hashes or "/" in c.file_name or c.file_name.startswith("."):
                         raise WeightsCorrupt(f"weights v{ann.version}: unexpected file {c.file_name!r}")
-                    handle, handle_name = open(tmp / c.file_name, "wb"), c.file_name
+                    handle, handle_name = open(tmp / c.file_name, "wb"), c.file_name  # noqa: SIM115 - closed at the next file or the end
                     hashes[c.file_name] = hashlib.sha256()
                 if c.offset != handle.tell():
                     raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} at offset {c.offset}, "

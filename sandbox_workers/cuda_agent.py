@@ -17,16 +17,15 @@ FIXED = ("binding_registry.h", "binding.cpp")
 MODULE = "cuda_extension"
 
 
-def plan(files: dict[str, str], backend: str):
-    from sandbox_workers.formats import CUDA_AGENT, Plan
-
+def sources(files: dict[str, str], backend: str) -> dict[str, str]:
+    """The sources to build for a CUDA-Agent workspace: its kernels plus our fixed binding infrastructure."""
     if backend != "cuda":
         raise WorkspaceError("CUDA-Agent workspace (kernels/*_binding.cpp): evaluate it with --backend cuda")
-    sources = {p: t for p, t in files.items() if p.startswith(KERNEL_DIR + "/") and p.split("/")[-1] not in FIXED}
-    bindings = sorted(p for p in sources if p.endswith("_binding.cpp"))
+    out = {p: t for p, t in files.items() if p.startswith(KERNEL_DIR + "/") and p.split("/")[-1] not in FIXED}
+    bindings = sorted(p for p in out if p.endswith("_binding.cpp"))
     for name in FIXED:
-        sources[f"{KERNEL_DIR}/{name}"] = (INFRA / name).read_text()
+        out[f"{KERNEL_DIR}/{name}"] = (INFRA / name).read_text()
     # every binding file's registration function is called from binding.cpp's module init (generated list)
     regs = [p.split("/")[-1].removesuffix("_binding.cpp") for p in bindings]
-    sources[f"{KERNEL_DIR}/krl_bindings_list.h"] = "".join(f"KRL_BINDING_FN({r})\n" for r in regs)
-    return Plan(CUDA_AGENT, MODULE, sources)
+    out[f"{KERNEL_DIR}/krl_bindings_list.h"] = "".join(f"KRL_BINDING_FN({r})\n" for r in regs)
+    return out

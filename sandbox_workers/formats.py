@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from sandbox_workers import guards
+from sandbox_workers import cuda_agent, guards
 from sandbox_workers.workspace import KERNEL_DIR, MODEL_NEW, WorkspaceError
 
 log = logging.getLogger(__name__)
@@ -202,9 +202,7 @@ def plan(files: dict[str, str], backend: str) -> Plan:
         if spec.cuda_sources and backend != "cuda":
             raise FormatError(f"{MODEL_NEW}: load_inline has cuda_sources; evaluate it with --backend cuda")
         return Plan(KERNELBENCH, spec.name, extension_sources(spec), spec.extra_cflags, spec.extra_cuda_cflags)
-    from sandbox_workers import cuda_agent
-
-    return cuda_agent.plan(files, backend)
+    return Plan(CUDA_AGENT, cuda_agent.MODULE, cuda_agent.sources(files, backend))
 
 
 def check_python(files: dict[str, str]) -> list[guards.Violation]:

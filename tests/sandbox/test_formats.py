@@ -9,6 +9,12 @@ from tests.sandbox.helpers import GEMM_TASK, shrunk_task
 from tests.sandbox.kernelbench_cases import COMPUTED_KB, GEMM_KB, MATMUL_KB, RELU_KB
 
 
+def _why(res: dict) -> str:
+    """A failed evaluation's error with the compile log: every refused symbol, one per line."""
+    comp = res["evidence"].get("compile") or {}
+    return f"{res['error']}\n{comp.get('log', '')}"
+
+
 def test_extract_reads_literals_and_constants():
     spec = formats.extract(GEMM_KB)
     assert spec.name == "gemm_fused" and spec.functions == ["gemm_mul_lrelu"]
@@ -29,7 +35,7 @@ def test_computed_source_refused_with_clear_error(sb_cfg):
 def test_kernelbench_relu_level1_end_to_end(evaluator, relu_task, sb_cfg):
     files = {"model_new.py": RELU_KB}
     res = evaluator.evaluate(relu_task, files, mode="both")
-    assert res["compiled"] and res["correct"], res["error"] or res["evidence"].get("compile")
+    assert res["compiled"] and res["correct"], _why(res)
     assert res["reward"] >= 1 and res["timings"]["candidate"]["median_s"] > 0
     again = compiler.compile_workspace(files, "cpu", sb_cfg)  # content-addressed: no second build
     assert again.ok and again.cached
@@ -38,14 +44,16 @@ def test_kernelbench_relu_level1_end_to_end(evaluator, relu_task, sb_cfg):
 def test_kernelbench_gemm_level2_end_to_end(evaluator):
     task = shrunk_task(GEMM_TASK[0], **GEMM_TASK[1])
     res = evaluator.evaluate(task, {"model_new.py": GEMM_KB}, mode="both")
-    assert res["compiled"] and res["correct"], res["error"] or res["evidence"].get("compile")
+    assert res["compiled"] and res["correct"], _why(res)
     assert res["reward"] >= 1
 
 
 def test_torch_matmul_in_cpp_refused_by_binary_policy(sb_cfg):
     out = compiler.compile_workspace({"model_new.py": MATMUL_KB}, "cpu", sb_cfg)
     assert not out.ok and "torch_compute" in out.violations
-    assert "at::_ops::matmul::call" in out.log
+    assert "at::_ops::matmul::call" in out.log, out.log
+    refused = [line for line in out.log.splitlines() if line.startswith(("torch_compute:", "forbidden_symbol:"))]
+    assert refused and all("matmul" in line for line in refused), out.log  # contiguous, t, data_ptr: allowed
 
 
 def test_convert_round_trip_builds(sb_cfg):
