@@ -329,8 +329,11 @@ def _bound_terms(cand: dict, base: dict) -> dict | None:
         return None
     bc = max(1, cand.get("batch", 1))
     probe = tc.get("probe") or {}
-    if probe.get("batch") == bc and "run_gap_min_s" in probe and "run_gap_min_s" in tc:
-        return {"run": tc["run_min_s"], "gap": tc["run_gap_min_s"], "overhead": max(0.0, probe["run_gap_min_s"]),
+    if probe.get("batch") == bc and "run_gap_min_s" in probe and "run_min_s" in tc:
+        # the unclaimed time is taken against the claim the reward uses (the median), not each trial's own: a
+        # candidate that forges its claims in all trials but one cannot pass the bound on that one trial's gap
+        gap = tc["run_min_s"] - bc * cand.get("median_s", 0.0)
+        return {"run": tc["run_min_s"], "gap": gap, "overhead": max(0.0, probe["run_gap_min_s"]),
                 "where": f"the same protocol around a model doing nothing ({bc} calls, least of {probe.get('trials')})"}
     if tb:
         bb = max(1, base.get("batch", 1))

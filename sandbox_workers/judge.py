@@ -65,6 +65,7 @@ class Judge:
         self.probe: dict | None = None  # the protocol's own overhead in this session (probe_overhead)
         self.sock = sock  # socketpair to the remote: the device arena's descriptor travels on it
         self.darena: devarena.DeviceArena | None = None  # outputs stay on the GPU (setup_device_arena)
+        self._layout: tuple[list[tuple[list, str]], int] | None = None  # outputs_layout()
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -197,8 +198,7 @@ class Judge:
         arena stays the fallback (no driver support, or the remote could not map it)."""
         if self.device == "cpu" or self.sock is None or not self.spec.get("device_arena"):
             return
-        first = self.reference(self.fresh_inputs())
-        out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
+        _, out_bytes = self.outputs_layout()
         b = self.batch_size(timing["min_trial_s"], out_bytes) if timing else 1
         try:
             arena = devarena.DeviceArena.create(b * out_bytes, torch.cuda.current_device())
@@ -239,18 +239,26 @@ class Judge:
                 times.append(self.clock() - t0)
         return statistics.median(times)
 
+    def outputs_layout(self) -> tuple[list[tuple[list, str]], int]:
+        """The (shape, dtype name) of each reference output on one fresh input set and the arena bytes one call's
+        outputs take: computed once per session (the device arena, the probe and every variant use them)."""
+        if self._layout is None:
+            first = self.reference(self.fresh_inputs())
+            metas = [(list(o.shape), str(o.dtype).removeprefix("torch.")) for o in first]
+            self._layout = (metas, wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1))
+        return self._layout
+
     def probe_overhead(self, timing: dict, trials: int = 7) -> None:
         """Time the protocol around a stand-in model that does no work, in this session and before any model code
         is loaded (so nothing here is the candidate's): what the run round trip costs besides the model's calls
         (unsealing, placing the outputs, the snapshot, the pipe). The candidate's round trips are bounded by it.
         Measured in the same process minutes apart, it is not subject to the session-to-session noise of a
         baseline measured elsewhere, and a candidate cannot inflate it (it is taken before its code exists)."""
-        first = self.reference(self.fresh_inputs())
-        if not all(isinstance(o, torch.Tensor) and str(o.dtype).removeprefix("torch.") in wire.DTYPES for o in first):
+        metas, out_bytes = self.outputs_layout()
+        if not all(dtype in wire.DTYPES for _, dtype in metas):
             return  # outputs the echo cannot stand in for: the bound falls back to the baseline's overhead
-        out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
         self.ask({"op": "echo", "device": self.device, "lead_cycles": self.spec.get("lead_cycles", 0),
-                  "outs": [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")} for o in first]})
+                  "outs": [{"shape": shape, "dtype": dtype} for shape, dtype in metas]})
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         runs = [self.trial(b, [False] * b, out_bytes, guard=False) for _ in range(trials + 1)][1:]  # 1 warm-up
         gaps = [t["run_s"] - b * t["claim_s"] for t in runs]
@@ -262,8 +270,7 @@ class Judge:
         """Correctness trials, then (timing) warm-up and measured trials until the median is tight."""
         n_correct = max(1, int(self.spec.get("correctness_trials", 5))) if checked else 0
         frac = float(self.spec.get("timed_check_fraction", 1.0)) if checked else 0.0
-        first = self.reference(self.fresh_inputs())
-        out_bytes = wire.nbytes_of(first) + wire.ALIGN * (len(first) + 1)
+        _, out_bytes = self.outputs_layout()
         checks, trials = [], []
 
         def run_trial(b: int, must_check: bool, guard: bool = True) -> dict:

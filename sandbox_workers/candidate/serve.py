@@ -140,8 +140,6 @@ class Remote:
         """Map the judge's device arena (before seccomp: the descriptor arrives over a socket)."""
         if self.locked or self.sock is None:
             return {"ok": False, "error": "darena: only before the first job starts, with a socket"}
-        import torch
-
         torch.cuda.init()
         torch.empty(1, device="cuda")
         self.darena = devarena.receive(self.sock)

@@ -135,7 +135,6 @@ class Case:
     text_evades: bool = False  # C++: the text rules (guards.check_cpp) must find nothing
     post: tuple[str, ...] = ()  # host-side checks after the evaluation (see test_redteam.py)
     hole: str = ""  # a hole this case reveals: xfail(strict) with this reason
-    hole_sometimes: bool = False  # the hole shows in some runs only (timing noise): xfail, not strict
     why: str = ""
 
     def build(self, ctx: Ctx) -> dict[str, str]:

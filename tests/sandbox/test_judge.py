@@ -123,3 +123,7 @@ def test_the_candidates_own_probe_bounds_its_claims_before_the_baseline():
                                                       "run_min_s": 0.0033, "probe": probe}}
     assert claim_contradicted(honest, base, 0.25, 0.0005) == ""
     assert abs(judged_time(honest, base) - 7e-4) < 1e-12  # an honest claim is what the judge's clock says
+    # claims forged in every trial but one: that trial's own gap is small, but the claim the reward uses (the
+    # median) leaves the least round trip mostly unclaimed
+    mixed = dict(honest, median_s=1e-6, trusted=dict(honest["trusted"], run_gap_min_s=0.0005))
+    assert "contradicted" in claim_contradicted(mixed, base, 0.25, 0.0005)

@@ -120,7 +120,7 @@ def _survivors(token: str, wait_s: float = 10.0) -> list[str]:
 def _items():
     for fam in rc.FAMILIES:
         for case in (c for c in rc.CASES if c.family == fam):
-            marks = [pytest.mark.xfail(strict=not case.hole_sometimes, reason=case.hole)] if case.hole else []
+            marks = [pytest.mark.xfail(strict=True, reason=case.hole)] if case.hole else []
             yield pytest.param(case, id=f"{fam}-{case.name}", marks=marks)
         if fam in rc.HONEST_AFTER:
             yield pytest.param(fam, id=f"{fam}-honest-after")
