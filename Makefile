@@ -14,7 +14,7 @@ up: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 # On a GPU machine: the CUDA backend's tests. GPU_TESTS lists the folders holding gpu-marked tests
 # (the GPU image has no kafka-python, so folders whose modules import the bus are not collected there).

@@ -157,8 +157,13 @@ class SandboxConfig:
     timing_claim_slack_cpu: float = 2.0
     timing_claim_abs_cpu_s: float = 0.02
     max_batch_bytes: int = 256 * 1024 * 1024  # inputs + outputs of one batched trial of a short call
+    # CUDA with the device arena: inputs and outputs stay in GPU memory (no host copy), so batches may be larger
+    max_batch_bytes_device: int = 4 * 1024 * 1024 * 1024
     sandbox_tmp_mb: int = 256  # private /tmp of each sandboxed process
     warm_sessions: bool = True  # start the next judge + candidate pair while this one works (CUDA, or >= 8 cores)
+    # pre-started candidate pairs kept ready: a pair takes ~4-5 s to start (torch, the guard's imports), longer than a
+    # whole evaluation with cached baselines on an H200 (docs/oracle-gpu.md, session 9), so one is not enough
+    warm_pool: int = 2
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...
@@ -337,7 +342,7 @@ _POSITIVE = {
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
     "learner.ppo_epochs", "learner.rft_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
     "learner.weight_stream_keep",
-    "learner.weight_bucket_bytes",
+    "learner.weight_bucket_bytes", "sandbox.warm_pool", "sandbox.max_batch_bytes_device",
 }
 
 

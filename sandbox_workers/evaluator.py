@@ -40,7 +40,7 @@ class Evaluator:
         self.ref_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.ref_root, 0o700)  # trusted state: no sandbox user may read or write it
         self._lock = threading.Lock()
-        self._ready: dict[str, Session] = {}  # role -> a started session waiting for its job
+        self._ready: dict[str, list[Session]] = {}  # role -> started sessions waiting for their jobs, oldest first
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
@@ -58,8 +58,11 @@ class Evaluator:
                 res["evidence"]["violation_details"] = [v.__dict__ for v in found]
                 return _done(res, t0, violations=guards.names(found), error="static guard violations",
                              fault="policy")
+        phases = res["evidence"]["phases"] = {}
+        t_phase = time.monotonic()
         lib, comp = self._artifact(files, artifact, artifact_key)
         res["evidence"]["compile"] = comp
+        phases["artifact_s"] = round(time.monotonic() - t_phase, 6)
         if lib is None:
             res["violations"] = comp.get("violations", [])
             return _done(res, t0, error=comp.get("error") or "compilation failed",
@@ -67,10 +70,16 @@ class Evaluator:
         res["compiled"] = True
         timing = mode != "verify"
         try:
+            t_phase = time.monotonic()
             cand = self._candidate(task_source, files, lib, timing)
+            phases["candidate_s"] = round(time.monotonic() - t_phase, 6)
+            phases["candidate"] = cand.get("phases", {})
             base = None
             if timing and cand.get("ok") and cand.get("timing"):
+                t_phase = time.monotonic()
                 base = self.baselines(task_source)
+                phases["baselines_s"] = round(time.monotonic() - t_phase, 6)
+                phases["baselines"] = base.get("phases", {})
                 if self._contradicted(cand, base):
                     # a second opinion before a claim is rejected: noise in one session (another process on the
                     # host, a GPU clock change) can push an honest round trip past the tolerance (an honest kernel
@@ -102,8 +111,9 @@ class Evaluator:
     def close(self) -> None:
         """Stop the pre-started sessions (each job still gets fresh processes of its own)."""
         with self._lock:
-            for sess in self._ready.values():
-                sess.close()
+            for pool in self._ready.values():
+                for sess in pool:
+                    sess.close()
             self._ready.clear()
 
     # ------------------------------------------------------------------ artifact
@@ -133,35 +143,46 @@ class Evaluator:
         spec = {"task_source": task_source, "backend": self.backend, "variants": variants,
                 "deadline_s": sb.eval_timeout_s, "atol": sb.atol, "rtol": sb.rtol,
                 "correctness_trials": sb.correctness_trials, "timed_check_fraction": sb.timed_check_fraction,
-                "max_batch_bytes": sb.max_batch_bytes, "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
+                "max_batch_bytes": sb.max_batch_bytes, "max_batch_bytes_device": sb.max_batch_bytes_device,
+                "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
                 "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0,
                 "device_arena": self.backend == "cuda" and sb.cuda_device_arena}
         return spec
 
     def _take(self, role: str) -> Session:
-        """A started session: the pre-started one when it is still alive; then the next one is started."""
+        """A started session: the oldest pre-started one still alive, else a new one; then the pool is refilled."""
         with self._lock:
-            sess = self._ready.pop(role, None)
-            if sess is not None and not sess.alive():
-                sess.close()
-                sess = None
+            pool = self._ready.setdefault(role, [])
+            sess = None
+            while pool and sess is None:
+                sess = pool.pop(0)
+                if not sess.alive():
+                    sess.close()
+                    sess = None
             if sess is None:
                 sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
             if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or len(cpuset.available()) >= 8):
-                # on a small CPU host the next pair's start-up would slow the job being timed
-                self._ready[role] = Session(self.cfg, self.backend, role,
-                                            inductor_cache=self._inductor_cache()).start()
+                # on a small CPU host the next pairs' start-up would slow the job being timed
+                while len(pool) < max(1, self.sb.warm_pool):
+                    pool.append(Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start())
             return sess
 
     def _session(self, role: str, spec: dict, library: Path | None = None):
+        t0 = time.monotonic()
         sess = self._take(role)
+        take_s = time.monotonic() - t0
         try:
             if library is not None:
                 lib_inside = sess.add_library(library)
                 for v in spec["variants"]:
                     v["library"], spec["infra"] = lib_inside, sess.infra()
-            return sess.run(spec, wall_s=float(spec["deadline_s"]) + 120)
+            t_run = time.monotonic()
+            out = sess.run(spec, wall_s=float(spec["deadline_s"]) + 120)
+            if isinstance(out.judge, dict):  # the worker's side of the session is part of the job's phases too
+                out.judge["phases"] = {"session_start_s": round(take_s, 6), **(out.judge.get("phases") or {}),
+                                       "session_run_s": round(time.monotonic() - t_run, 6)}
+            return out
         finally:
             sess.close()
 
@@ -199,7 +220,8 @@ class Evaluator:
                 raise ReferenceFailure(judge.get("error", "judge failed"))
             return {"ok": False, "error": _with_log(judge.get("error", ""), out), "violations": []}
         var = judge["variants"].get("candidate") or {}
-        res = dict(var, versions=judge.get("versions", {}), clock=judge.get("clock", {}))
+        res = dict(var, versions=judge.get("versions", {}), clock=judge.get("clock", {}),
+                   phases=judge.get("phases", {}), arena=judge.get("arena", "host"))
         if not var.get("ok"):
             res["error"] = _with_log(var.get("error", "failed"), out)
             res["remote_signal"] = out.remote_signal
@@ -242,7 +264,7 @@ class Evaluator:
                 found = keep_faster(meta, found)
             found["versions"] = judge.get("versions", {})
             (d / "baselines.json").write_text(json.dumps(found))
-            return dict(found, cached=False)
+            return dict(found, cached=False, phases=judge.get("phases", {}))
 
     def _timing_spec(self) -> dict:
         sb = self.sb
@@ -261,7 +283,7 @@ class Evaluator:
         res["evidence"].update(violation_details=viol, checks=cand.get("checks", 0),
                                versions=cand.get("versions", {}), clock=cand.get("clock", {}),
                                device_key=self.device_key, isolation=getattr(self.sb, "isolation", "none"),
-                               remote_signal=cand.get("remote_signal", ""))
+                               remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"))
         res["correct"] = bool(cand.get("ok")) and not res["violations"]
         res["error"] = "" if res["correct"] else cand.get("error", "")
         res["fault"] = "none" if res["correct"] else "policy"

@@ -66,6 +66,8 @@ class Judge:
         self.sock = sock  # socketpair to the remote: the device arena's descriptor travels on it
         self.darena: devarena.DeviceArena | None = None  # outputs stay on the GPU (setup_device_arena)
         self._layout: tuple[list[tuple[list, str]], int] | None = None  # outputs_layout()
+        self.out_lo = 0  # the device arena: inputs in [0, out_lo), outputs in [out_lo, size)
+        self.cap_bytes = 0  # bytes one batched trial may take (0: the host arena's max_batch_bytes)
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -132,33 +134,25 @@ class Judge:
     def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True) -> dict:
         sets = [self.fresh_inputs() for _ in range(b)]
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
-        in_bytes = sum(wire.nbytes_of(s) for s in sets)
-        lo = wire.align(in_bytes + wire.ALIGN)
-        hi = lo + (0 if self.darena is not None else b * out_bytes)  # outputs: in the device arena if there is one
-        self.arena.ensure(hi)
-        descs, pos = [], 0
         keys = [self.rng.getrandbits(62) for _ in sets]
-        for s, key in zip(sets, keys):
-            sealed = [v.clone() if isinstance(v, torch.Tensor) else v for v in s]
-            wire.seal(sealed, key)
-            d, pos = self.arena.put(sealed, pos, lo)
-            descs.append(d)
-            del sealed
+        if self.darena is not None:  # inputs and outputs in GPU memory both processes map: no host copies
+            descs = self.put_device(sets, keys)
+            self.runtime.sync()  # the remote (another process) reads them next
+            where = {"device": True, "lo": self.out_lo, "hi": self.darena.size}
+        else:
+            descs, lo = self.put_host(sets, keys, b * out_bytes)
+            where = {"lo": lo, "hi": lo + b * out_bytes}
+        del sets
         clock = self.clock
         t0 = clock()
-        self.ask({"op": "stage", "sets": descs})
+        self.ask({"op": "stage", "sets": descs, "device": self.darena is not None})
         t1 = clock()
         self.runtime.flush()
         self.runtime.sync()
         t2 = clock()
-        if self.darena is not None:  # outputs into the device arena, snapshotted on the device
-            ran = self.ask({"op": "run", "keys": keys, "guard": guard, "lo": 0, "hi": self.darena.size, "device": True})
-            t_reply = clock()
-            got = self.snapshot(ran.get("outs"), b, 0, self.darena.size)
-        else:
-            ran = self.ask({"op": "run", "keys": keys, "guard": guard, "lo": lo, "hi": hi})
-            t_reply = clock()
-            got = self.snapshot(ran.get("outs"), b, lo, hi)
+        ran = self.ask({"op": "run", "keys": keys, "guard": guard, **where})
+        t_reply = clock()
+        got = self.snapshot(ran.get("outs"), b, where["lo"], where["hi"])
         t3 = clock()
         claim = ran.get("claim_s")
         if not isinstance(claim, (int, float)) or not math.isfinite(claim) or claim < 0:
@@ -169,9 +163,39 @@ class Judge:
                 continue
             ok, detail = compare([t.to(self.device) for t in o], e, self.spec["atol"], self.spec["rtol"])
             results.append({"call": i, "ok": ok, "detail": detail})
-        del sets, expected
+        del expected
         return {"b": b, "claim_s": float(claim), "stage_s": t1 - t0, "flush_s": t2 - t1, "run_s": t3 - t2,
                 "snapshot_s": t3 - t_reply, "checks": results}
+
+    def put_host(self, sets: list[list], keys: list[int], out_total: int) -> tuple[list, int]:
+        """Sealed copies of the input sets into the host arena; their descriptors and where the outputs go."""
+        in_bytes = sum(wire.nbytes_of(s) for s in sets)
+        lo = wire.align(in_bytes + wire.ALIGN)
+        self.arena.ensure(lo + out_total)
+        descs, pos = [], 0
+        for s, key in zip(sets, keys):
+            sealed = [v.clone() if isinstance(v, torch.Tensor) else v for v in s]
+            wire.seal(sealed, key)
+            d, pos = self.arena.put(sealed, pos, lo)
+            descs.append(d)
+            del sealed
+        return descs, lo
+
+    def put_device(self, sets: list[list], keys: list[int]) -> list[list]:
+        """The input sets copied into the device arena's input region and sealed there, in place."""
+        descs, pos = [], 0
+        for s, key in zip(sets, keys):
+            d, views = [], []
+            for v in s:
+                if not isinstance(v, torch.Tensor):
+                    d.append({"t": "value", "v": wire.plain(v)})
+                    continue
+                (desc,), pos = wire.place(self.darena.region, [v], _align_dev(pos), self.out_lo)
+                d.append(desc)
+                views.append(self._device_view(desc, 0, self.out_lo))
+            _seal_tensors_of(s, views, key)
+            descs.append(d)
+        return descs
 
     def snapshot(self, outs, b: int, lo: int, hi: int) -> list[list]:
         """The outputs copied out of the shared arena into this process, right as the run reply arrives: the
@@ -190,8 +214,11 @@ class Judge:
             raise RemoteFailed(f"malformed output descriptor: {exc}") from exc
 
     def _device_copy(self, desc, lo: int, hi: int):
+        return self._device_view(desc, lo, hi).clone()
+
+    def _device_view(self, desc, lo: int, hi: int):
         off, nbytes, shape, dtype = wire.tensor_desc(desc, lo, hi)
-        return self.darena.region(off, nbytes).view(dtype).reshape(shape).clone()
+        return self.darena.region(off, nbytes).view(dtype).reshape(shape)
 
     def setup_device_arena(self, timing: dict | None) -> None:
         """CUDA: device memory shared with the remote for the outputs, sized for the largest trial; the host
@@ -199,16 +226,19 @@ class Judge:
         if self.device == "cpu" or self.sock is None or not self.spec.get("device_arena"):
             return
         _, out_bytes = self.outputs_layout()
+        self.cap_bytes = int(self.spec.get("max_batch_bytes_device", 4 << 30))
         b = self.batch_size(timing["min_trial_s"], out_bytes) if timing else 1
+        in_set = device_nbytes(self.fresh_inputs())
         try:
-            arena = devarena.DeviceArena.create(b * out_bytes, torch.cuda.current_device())
+            arena = devarena.DeviceArena.create(b * (in_set + out_bytes), torch.cuda.current_device())
             devarena.send(self.sock, arena)
             self.ask({"op": "darena"})
             self.sock.close()
         except (devarena.DeviceArenaError, OSError, RemoteFailed) as exc:
-            log.warning("device arena unavailable, the outputs go through host memory: %s", exc)
+            log.warning("device arena unavailable, inputs and outputs go through host memory: %s", exc)
+            self.cap_bytes = 0
             return
-        self.darena = arena
+        self.darena, self.out_lo = arena, b * in_set
 
     def batch_size(self, min_trial_s: float, out_bytes: int) -> int:
         """Calls per trial, from the judge's own timing of the reference (never from a claim): a power of two
@@ -220,8 +250,8 @@ class Judge:
             self.t_ref = self.time_reference()
         if self.t_ref >= min_trial_s:
             return 1
-        per_set = max(1, wire.nbytes_of(self.fresh_inputs()) + out_bytes)
-        cap = max(1, int(self.spec.get("max_batch_bytes", 256 << 20)) // per_set)
+        per_set = max(1, device_nbytes(self.fresh_inputs()) + out_bytes)
+        cap = max(1, (self.cap_bytes or int(self.spec.get("max_batch_bytes", 256 << 20))) // per_set)
         return max(1, min(1024, _pow2_floor(min_trial_s / max(self.t_ref, 1e-7)), _pow2_floor(cap)))
 
     def time_reference(self, calls: int = 5) -> float:
@@ -266,8 +296,9 @@ class Judge:
                       "snapshot_s": statistics.median(t["snapshot_s"] for t in runs), "batch": b, "trials": trials}
 
     # ------------------------------------------------------------------ a whole variant
-    def measure(self, checked: bool, timing: dict | None) -> dict:
+    def measure(self, checked: bool, timing: dict | None, phases: Phases | None = None, name: str = "") -> dict:
         """Correctness trials, then (timing) warm-up and measured trials until the median is tight."""
+        phases = phases or Phases()
         n_correct = max(1, int(self.spec.get("correctness_trials", 5))) if checked else 0
         frac = float(self.spec.get("timed_check_fraction", 1.0)) if checked else 0.0
         _, out_bytes = self.outputs_layout()
@@ -287,6 +318,7 @@ class Judge:
 
         for _ in range(n_correct):
             run_trial(1, True)
+        phases.mark(f"{name}.verify_s")
         out = {"checks": len(checks), "timing": None}
         if not timing:
             return out
@@ -294,6 +326,7 @@ class Judge:
         for _ in range(max(1, int(timing["warmup"]))):
             run_trial(1, False)
         out["first_call_s"] = time.monotonic() - t_first
+        phases.mark(f"{name}.warmup_s")
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         out["batch_from_reference_s"] = self.t_ref
         t_start = time.monotonic()
@@ -305,11 +338,44 @@ class Judge:
                 break
             if self.left() < 0.1 * float(self.spec["deadline_s"]):
                 break  # keep what was measured rather than lose it all to the deadline
+        phases.mark(f"{name}.timing_s")
         out["checks"] = len(checks)
         out["timing"] = summarize_trials(trials)
         if self.probe and self.probe["batch"] == b:
             out["timing"]["trusted"]["probe"] = self.probe
         return out
+
+
+class Phases:
+    """Wall seconds of each step of the job, in order (the throughput benchmark reads them)."""
+
+    def __init__(self):
+        self.done: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.done[name] = round(self.done.get(name, 0.0) + now - self._t, 6)
+        self._t = now
+
+
+DEVICE_ALIGN = 512  # inputs in the device arena start where torch's allocator would put them (fidelity)
+
+
+def _align_dev(n: int) -> int:
+    return (n + DEVICE_ALIGN - 1) // DEVICE_ALIGN * DEVICE_ALIGN
+
+
+def device_nbytes(values: list) -> int:
+    """Bytes an input set takes in the device arena (every tensor on a DEVICE_ALIGN boundary)."""
+    return sum(_align_dev(v.numel() * v.element_size()) for v in values if isinstance(v, torch.Tensor))
+
+
+def _seal_tensors_of(values: list, views: list, key: int) -> None:
+    """Seal the arena copies of a set's tensors with the pads the remote unseals them with: a pad's index is the
+    value's index in the whole set (plain values included), as `wire.seal` numbers it on the remote's side."""
+    it = iter(views)
+    wire.seal([next(it) if isinstance(v, torch.Tensor) else v for v in values], key)
 
 
 def _pow2_floor(x: float) -> int:
@@ -374,27 +440,34 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | N
     """The whole job; failures of the task or of this side are infrastructure faults."""
     from sandbox_workers.runner_common import load_task, versions
 
+    phases = Phases()
     try:
         hello = ch.recv(timeout=float(spec.get("startup_timeout_s", 120)))
     except wire.ProtocolError as exc:
         return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
     judge = Judge(spec, ch, arena, sock)
     result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
-              "clock": judge.runtime.clock_info(), "variants": {}}
+              "clock": judge.runtime.clock_info(), "variants": {}, "phases": phases.done}
+    phases.mark("judge_start_s")  # the remote's hello, this side's CUDA context, versions and clocks
     try:
         task = load_task(spec["task_source"])
         judge.build_reference(task)
+        phases.mark("reference_s")
         if spec.get("timing"):
             judge.t_ref = judge.time_reference()  # before the remote loads any model (see batch_size)
+            phases.mark("time_reference_s")
     except Exception as exc:  # noqa: BLE001 - the task itself is broken: not the candidate's fault
         return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
     try:
         judge.setup_device_arena(spec.get("timing"))
+        result["arena"] = "device" if judge.darena is not None else "host"
+        phases.mark("device_arena_s")
     except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault
         return {"ok": False, "infra": True, "error": "the device arena failed: " + _err(exc)}
     if spec.get("timing"):
         try:
             judge.probe_overhead(spec["timing"])
+            phases.mark("probe_s")
         except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault
             return {"ok": False, "infra": True, "error": "the protocol probe failed: " + _err(exc)}
     for v in spec["variants"]:
@@ -402,7 +475,8 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | N
         try:
             judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False),
                        v.get("ext", ""))
-            out = judge.measure(v["checked"], spec.get("timing"))
+            phases.mark(f"{v['name']}.load_s")
+            out = judge.measure(v["checked"], spec.get("timing"), phases, v["name"])
             out["ok"] = True
         except RemoteFailed as exc:
             out = {"ok": False, "error": exc.error, "violations": exc.violations}
@@ -444,7 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, spec["result_path"])
-    return 0
+    # the worker waits for this process to end: skip the interpreter's and torch's teardown (seconds with a CUDA
+    # context and GBs of device memory); the kernel and the driver reclaim everything at exit anyway
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     rng = random.Random(0)
     lock = threading.Lock()
     rec = {"compile": [], "evaluate": []}
+    phases: dict[str, list[float]] = {}  # evaluation phase -> seconds, from each reply's evidence
     busy: dict[str, float] = {}
     counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}}
     gpu = _GpuSampler() if backend == "cuda" else None
@@ -140,6 +141,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
             busy[reply.worker] = busy.get(reply.worker, 0.0) + float(reply.duration_s)
             if kind == "evaluate":
                 counts["rewards"][str(reply.reward)] = counts["rewards"].get(str(reply.reward), 0) + 1
+                phases.setdefault("queue_s", []).append(max(0.0, lat - float(reply.duration_s)))
+                for name, sec in flat_phases((reply.evidence or {}).get("phases") or {}).items():
+                    phases.setdefault(name, []).append(sec)
 
     t_start = time.monotonic()
     stop_lag = threading.Event()
@@ -171,8 +175,22 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     for kind, xs in rec.items():
         out[kind] = {"n": len(xs), "p50_s": _pct(xs, 0.5), "p90_s": _pct(xs, 0.9), "p99_s": _pct(xs, 0.99),
                      "mean_s": statistics.fmean(xs) if xs else 0.0}
+    out["evaluate_phases"] = {name: {"n": len(xs), "p50_s": _pct(xs, 0.5), "p99_s": _pct(xs, 0.99)}
+                              for name, xs in sorted(phases.items())}
+    out["evaluations_per_min"] = len(rec["evaluate"]) / wall * 60 if wall else 0.0
     if gpu is not None:
         out["gpu_busy"] = gpu.stop()
+    return out
+
+
+def flat_phases(phases: dict, prefix: str = "") -> dict[str, float]:
+    """{"candidate": {"probe_s": 1}, "artifact_s": 2} -> {"candidate.probe_s": 1, "artifact_s": 2}."""
+    out: dict[str, float] = {}
+    for k, v in phases.items():
+        if isinstance(v, dict):
+            out.update(flat_phases(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)):
+            out[prefix + k] = float(v)
     return out
 
 

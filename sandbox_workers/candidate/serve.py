@@ -12,7 +12,8 @@ allowed; it is not what keeps the reward honest.
 
 Messages (judge -> here -> judge):
   load  {source, cls, init, state, library, device, compile, threads, lead_cycles} -> {ok, error}
-  stage {sets: [[desc, ...], ...]}        -> {ok}   (sealed inputs copied into this process's buffers)
+  stage {sets: [[desc, ...], ...], device} -> {ok}  (sealed inputs copied into this process's buffers; with
+                                             `device`, views of the device arena's input region, no copy)
   darena {}                              -> {ok, size}  (CUDA, before any model code: map the device arena
                                              whose descriptor the judge sent over the socketpair)
   echo  {outs: [{shape, dtype}, ...]}     -> {ok}   (before any model code: a trusted stand-in model that
@@ -66,8 +67,17 @@ class Remote:
             seccomp.install(allow_exec=False)
         self.locked = True
 
+    def warm_guard(self) -> None:
+        """Enter the compute guard once before any job: its first use imports what torch's dispatch modes need
+        (~4 s), which would otherwise land on the first checked call of every evaluation."""
+        x = torch.zeros(4)
+        with policy.ComputeGuard(policy.Recorder()):
+            torch.empty_like(x).copy_(x)
+
     # ------------------------------------------------------------------ messages
     def serve(self) -> None:
+        if self.role == "candidate":
+            self.warm_guard()
         self.ch.send({"op": "ready", "pid": os.getpid()})
         while True:
             msg = self.ch.recv()
@@ -125,6 +135,11 @@ class Remote:
         return {"ok": True}
 
     def stage(self, msg: dict) -> dict:
+        if msg.get("device"):  # sealed inputs already in the device arena: the model runs on views of them
+            if self.darena is None:
+                return {"ok": False, "error": "stage: the inputs are in a device arena that was never mapped"}
+            self.sets = [[self._device_view(d) for d in descs] for descs in msg["sets"]]
+            return {"ok": True}
         self.arena.remap()
         self.sets = []
         for descs in msg["sets"]:
@@ -135,6 +150,12 @@ class Remote:
             self.sets.append(vals)
         self._sync()
         return {"ok": True}
+
+    def _device_view(self, desc):
+        if isinstance(desc, dict) and desc.get("t") == "value":
+            return desc.get("v")
+        off, nbytes, shape, dtype = wire.tensor_desc(desc, 0, self.darena.size)
+        return self.darena.region(off, nbytes).view(dtype).reshape(shape)
 
     def map_device_arena(self, msg: dict) -> dict:
         """Map the judge's device arena (before seccomp: the descriptor arrives over a socket)."""
@@ -277,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         remote.serve()
     except wire.PeerGone:
-        return 0
-    return 0
+        pass
+    # the worker waits for this process to end: no interpreter or CUDA teardown (the driver reclaims it at exit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

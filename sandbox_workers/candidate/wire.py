@@ -146,7 +146,7 @@ class Arena:
                 d, pos = place(self.raw, [v], pos, end)
                 descs += d
             else:
-                descs.append({"t": "value", "v": _plain(v)})
+                descs.append({"t": "value", "v": plain(v)})
         return descs, pos
 
     def get(self, desc, lo: int = 0, hi: int | None = None):
@@ -231,10 +231,10 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _plain(v):
+def plain(v):
     """A JSON-able copy of a task's plain value (int, float, str, bool, None, lists/tuples of them)."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [plain(x) for x in v]
     raise ProtocolError(f"a value of type {type(v).__name__} cannot be passed to the model")

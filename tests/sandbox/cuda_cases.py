@@ -152,6 +152,28 @@ _SIDE = ("y = torch.empty_like(x)\nops.spin_f32(100000)\nwith torch.cuda.stream(
          "    ops.relu_f32(x, y, x.numel())\nreturn y")
 
 
+# The device arena (inputs and outputs in GPU memory the judge and the remote both map): the candidate returns
+# zeros at once (a near-zero claim) and, after `run` returns, writes the true outputs into the arena's output slots
+# from a side stream with ~2 ms of kernel per call, racing the judge's snapshot. Either the snapshot comes first
+# (zeros: a mismatch) or it waits for the late kernels (hidden time in the judge's wall: the claim is contradicted).
+_LATE_WRITE = """
+import sys
+_R = sys.modules["__main__"].Remote
+_run = _R.run
+_S = torch.cuda.Stream()
+def _late(self, msg):
+    r = _run(self, msg)
+    if r.get("ok") and msg.get("device") and self.darena is not None:
+        with torch.cuda.stream(_S):
+            for s, descs in zip(self.sets, r["outs"]):
+                d = descs[0]
+                y = self.darena.region(d["off"], d["nbytes"]).view(torch.float32).reshape(d["shape"])
+                ops.relu_f32(s[0], y, s[0].numel())
+    return r
+_R.run = _late
+"""
+
+
 def _cfence(name: str, violation: str, files: dict) -> Case:
     return Case(name, "cuda", files, ev="cuda_static", violations=(violation,), compiled=False, text_evades=True)
 
@@ -218,6 +240,9 @@ REDTEAM: list[Case] = [
             return r
         _R.stage = _early
         """), ev="cuda_timing", mode="both", errors=MISMATCH, violations=(CONTRADICTED,)),
+    Case("device_arena_late_write_after_reply", "cuda", cuda_forward(ZEROS, header=_LATE_WRITE, kernel=SLOW_RELU),
+         ev="cuda_timing", mode="both", errors=MISMATCH, violations=(CONTRADICTED,),
+         why="the judge's snapshot ends its round trip: late outputs are either missed or timed"),
     Case("illegal_address", "cuda", ILLEGAL_ADDRESS, ev="cuda_static",
          errors=("illegal", "died", "CUDA error", "unspecified launch failure")),
     Case("hang_in_kernel", "cuda", HANG, ev="cuda_deadline", errors=("deadline",)),

@@ -150,6 +150,7 @@ def test_cuda_redteam(item, cuda_evs, task):
     if isinstance(item, str):
         res = cuda_evs[item].evaluate(task, cuda_cases.HONEST, mode="both" if item == "cuda_timing" else "verify")
         assert res["reward"] >= 1.0 and res["correct"] and res["violations"] == [], rc.describe(res)
+        assert res["evidence"]["arena"] == "device", rc.describe(res)  # inputs and outputs stay on the GPU
         return
     case = item
     files = case.build(None)
@@ -160,3 +161,5 @@ def test_cuda_redteam(item, cuda_evs, task):
     res = cuda_evs[case.ev].evaluate(task, files, mode=case.mode)
     print(f"{case.name}: reward {res['reward']} violations {res['violations']} error {res['error'][:300]!r}")
     rc.check_outcome(case, res)
+    if case.name.startswith("device_arena_"):  # the attack met the device arena, not the host fallback
+        assert res["evidence"].get("arena") == "device", rc.describe(res)
