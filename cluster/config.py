@@ -161,9 +161,10 @@ class SandboxConfig:
     max_batch_bytes_device: int = 4 * 1024 * 1024 * 1024
     sandbox_tmp_mb: int = 256  # private /tmp of each sandboxed process
     warm_sessions: bool = True  # start the next judge + candidate pair while this one works (CUDA, or >= 8 cores)
-    # pre-started candidate pairs kept ready: a pair takes ~4-5 s to start (torch, the guard's imports), longer than a
-    # whole evaluation with cached baselines on an H200 (docs/oracle-gpu.md, session 9), so one is not enough
-    warm_pool: int = 2
+    # pre-started candidate pairs kept ready: a pair takes ~5-6 s to start (torch and the guard's imports; CUDA
+    # waits for the job), an evaluation with cached baselines ~1.6-3 s on an H200: with 2 pairs every third job
+    # waited ~5.5 s for one, with 4 none did once the pool was full (docs/oracle-gpu.md, session 9)
+    warm_pool: int = 4
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...

@@ -105,6 +105,12 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     assert report["throughput_per_s"] > 0 and report["compile"]["p50_s"] > 0
     assert report["lag_end"] == {"compile": 0, "evaluate": 0}
     assert report["worker_busy_fraction"] and all(0 < f <= 1 for f in report["worker_busy_fraction"].values())
+    # where each evaluation's time went, from the workers' own results (evidence.phases) through the bus
+    phases = report["evaluate_phases"]
+    if report["evaluate"]["n"]:
+        assert report["evaluations_per_min"] > 0
+        for name in ("queue_s", "artifact_s", "candidate_s", "candidate.judge_start_s", "candidate.candidate.verify_s"):
+            assert phases[name]["n"] >= 1 and phases[name]["p99_s"] >= phases[name]["p50_s"] >= 0, (name, phases)
     for role, p in procs.items():
         assert p.poll() is None, f"{role} worker died"
         p.send_signal(signal.SIGTERM)
