@@ -12,6 +12,7 @@ refuses. ``stop_event`` (set from a SIGTERM handler) ends the loop between messa
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from cluster.errors import is_retriable, retry
 from schemas.messages import CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, now_ms
 
 log = logging.getLogger(__name__)
+_NO_LOCK = contextlib.nullcontext()
 
 
 def default_error_reply(msg, exc: BaseException):
@@ -46,8 +48,10 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
           on_error: Callable[[Any, BaseException], Any] | None = None,
           handler_retries: int = 2, max_messages: int | None = None,
           poll_timeout_s: float = 0.1, on_ready: Callable[[], None] | None = None,
-          consumer_overrides: dict | None = None) -> dict:
-    """Run the worker loop until ``stop_event`` is set (or ``max_messages`` are done)."""
+          consumer_overrides: dict | None = None, concurrency: int = 1) -> dict:
+    """Run the worker loop until ``stop_event`` is set (or ``max_messages`` are done). With ``concurrency`` > 1,
+    up to that many requests are handled at once (a cache hit is answered while a long build runs): each
+    partition is still committed in offset order, only through requests that are all finished."""
     stop_event = stop_event or threading.Event()
     on_error = on_error or default_error_reply
     # One request per poll: every poll lets the group coordinator fence this member first, so a worker that
@@ -58,8 +62,12 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
     producer = bus.producer(linger_ms=0)
     bus.prepare_dead_letters()
     stats = {"handled": 0, "errors": 0, "expired": 0, "dead_lettered": 0}
+    if concurrency > 1:
+        return _serve_pool(bus, consumer, producer, handler, on_error, handler_retries, stop_event, stats,
+                           concurrency, max_messages, poll_timeout_s, on_ready)
     done: dict = {}  # (topic, partition) -> last finished record: committed synchronously at exit
     ready = False
+    commit = consumer.commit
     try:
         while not stop_event.is_set():
             records = consumer.poll(timeout_s=poll_timeout_s)
@@ -72,7 +80,7 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
             for rec in records:
                 if stop_event.is_set():
                     break  # not finished: not committed, redelivered to whoever comes next
-                _serve_one(bus, producer, consumer, rec, handler, on_error, handler_retries, stop_event, stats)
+                _serve_one(bus, producer, commit, rec, handler, on_error, handler_retries, stop_event, stats)
                 done[(rec.topic, rec.partition)] = rec
                 if max_messages and stats["handled"] + stats["expired"] + stats["errors"] >= max_messages:
                     stop_event.set()
@@ -85,24 +93,102 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
     return stats
 
 
-def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_event, stats) -> None:
+def _serve_pool(bus, consumer, producer, handler, on_error, retries, stop_event, stats, concurrency: int,
+                max_messages, poll_timeout_s: float, on_ready) -> dict:
+    """serve() with up to ``concurrency`` handlers on threads. The consumer is used by this thread only
+    (kafka-python's is not thread-safe): handlers put their finished records on a queue, and this thread commits
+    each partition through its longest run of finished requests, so a crash redelivers every unfinished one."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    finished: queue.Queue = queue.Queue()
+    pending: dict = {}  # (raw topic, partition) -> {offset: record or None (running)}
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def job(rec) -> None:
+        try:
+            _serve_one(bus, producer, lambda r, sync=False: finished.put(r), rec, handler, on_error, retries,
+                       stop_event, stats, lock)
+        except BaseException as exc:  # noqa: BLE001 - Abandoned (stopping) and the like: left uncommitted, re-raised
+            failures.append(exc)
+            stop_event.set()
+
+    def commit_finished(sync: bool = False) -> None:
+        while True:
+            try:
+                rec = finished.get_nowait()
+            except queue.Empty:
+                break
+            pending[(rec.raw_topic, rec.partition)][rec.offset] = rec
+        for offs in pending.values():
+            last = None
+            for off in sorted(offs):
+                if offs[off] is None:
+                    break
+                last = offs.pop(off)
+            if last is not None:
+                consumer.commit(last, sync=sync)
+
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="serve")
+    running: set = set()
+    ready = False
+    try:
+        while not stop_event.is_set():
+            commit_finished()
+            running = {f for f in running if not f.done()}
+            if len(running) >= concurrency:
+                time.sleep(min(poll_timeout_s, 0.02))
+                continue
+            records = consumer.poll(timeout_s=poll_timeout_s)
+            if not records and not running:
+                consumer.recommit_failed()
+            if not ready and consumer.assignment():
+                ready = True
+                if on_ready:
+                    on_ready()
+            for rec in records:
+                pending.setdefault((rec.raw_topic, rec.partition), {})[rec.offset] = None
+                running.add(pool.submit(job, rec))
+                if max_messages and stats["handled"] + stats["expired"] + stats["errors"] + len(running) >= max_messages:
+                    stop_event.set()
+    finally:
+        pool.shutdown(wait=True)  # handlers see stop_event (retries stop; workers abandon their jobs)
+        commit_finished(sync=True)
+        for key, offs in pending.items():  # what finished after a gap stays uncommitted: redelivered
+            if offs:
+                log.info("%s[%d]: %d request(s) left uncommitted at exit", key[0], key[1], len(offs))
+        stats["dead_lettered"] += consumer.stats["dead_lettered"]
+        consumer.close()
+        producer.close()
+    if failures:
+        raise failures[0]
+    return stats
+
+
+def _serve_one(bus, producer, commit, rec, handler, on_error, retries, stop_event, stats,
+               lock: threading.Lock | None = None) -> None:
+    lock = lock or _NO_LOCK
     msg = rec.msg
     header = getattr(msg, "header", None)
     if header is not None and header.deadline_ms and now_ms() > header.deadline_ms:
-        stats["expired"] += 1
+        with lock:
+            stats["expired"] += 1
         late = now_ms() - header.deadline_ms
         log.info("skipping expired request %s (%d ms late)", header.request_id, late)
         # kept with its reason: every consumed request is answered or dead-lettered, none silently dropped
         dead_letter_record(bus, rec, f"expired: its deadline passed {late} ms before a worker reached it (the client has "
                 "given up)", b"")
-        consumer.commit(rec, sync=False)
+        commit(rec, sync=False)
         return
     t0 = time.monotonic()
     try:
         reply = _handle(handler, msg, retries, stop_event)
-        stats["handled"] += 1
+        with lock:
+            stats["handled"] += 1
     except Exception as exc:  # a handler failure must become an answer, not a dead worker
-        stats["errors"] += 1
+        with lock:
+            stats["errors"] += 1
         log.warning("handler failed on %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc, exc_info=True)
         reply = on_error(msg, exc) if header is not None else None
         if reply is None:
@@ -118,7 +204,7 @@ def _serve_one(bus, producer, consumer, rec, handler, on_error, retries, stop_ev
     # After the reply is acked: at-least-once. A short job commits asynchronously (latency); a long one waits
     # for the ack, which fences a member the group dropped during the job (frozen, partitioned) before it
     # polls the next request: kafka-python's heartbeat may not have told it yet.
-    consumer.commit(rec, sync=time.monotonic() - t0 > 0.1)
+    commit(rec, sync=time.monotonic() - t0 > 0.1)
 
 
 def _send_reply(bus, producer, rec, header, reply) -> None:

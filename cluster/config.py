@@ -120,6 +120,9 @@ class SandboxConfig:
     max_output_chars: int = 8000
     # --- added by the sandbox (issue 3) ---
     compile_jobs: int = 2  # parallel compile jobs per build (ninja -j)
+    # builds one compile worker runs at once (more: a cache hit or a short build is answered while a long build
+    # runs; each partition is still committed in order, only through finished requests)
+    compile_concurrency: int = 1
     cpu_flags: str = "-O3 -march=native -fopenmp -std=c++17"
     cpu_threads: int = 0  # threads for candidate and baselines alike (0 = every core the evaluation may use)
     # Cores the CPU evaluation worker pins itself (and so its sandboxes) to, as a Linux CPU list ("0-3,8");
@@ -343,7 +346,7 @@ _POSITIVE = {
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
     "learner.ppo_epochs", "learner.rft_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
     "learner.weight_stream_keep",
-    "learner.weight_bucket_bytes", "sandbox.warm_pool", "sandbox.max_batch_bytes_device",
+    "learner.weight_bucket_bytes", "sandbox.warm_pool", "sandbox.compile_concurrency", "sandbox.max_batch_bytes_device",
 }
 
 

@@ -9,6 +9,8 @@ log = logging.getLogger(__name__)
 def add_arguments(p) -> None:
     p.add_argument("--group", default="compile-workers", help="consumer group (workers of a group share requests)")
     p.add_argument("--max-messages", type=int, default=0, help="exit after this many requests (0 = run until SIGTERM)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="builds at once (default: sandbox.compile_concurrency); cache hits do not wait behind builds")
 
 
 def run(args, cfg) -> int:
@@ -38,7 +40,8 @@ def run(args, cfg) -> int:
     log.info("compile worker %s serving %s", handler.name, bus.topic(topics.TOOL_COMPILE))
     try:
         stats = serve(bus, topics.TOOL_COMPILE, bus.group(args.group), handler, stop, expected=CompileRequest,
-                      max_messages=args.max_messages or None)
+                      max_messages=args.max_messages or None,
+                      concurrency=max(1, args.jobs or cfg.sandbox.compile_concurrency))
     except Abandoned:
         log.info("compile worker stopped mid-job; the job stays uncommitted")
         return 0

@@ -236,3 +236,35 @@ def test_poisoned_request_topic_every_record_is_answered_or_dead_lettered(cfg):
                   "newer than this kernelrl reads", "without a reply address", "not this cluster's replies topic",
                   "reply undeliverable", "expired"):
         assert words in reasons, (words, reasons)
+
+
+def test_concurrent_worker_answers_behind_a_slow_request_and_commits_in_order(cfg):
+    """serve(concurrency=2), as `compile-worker --jobs 2`: a quick request queued behind a slow one on the same
+    partition is answered while the slow one runs, and nothing is committed past the unfinished slow request
+    (a crash then would redeliver both); once it finishes, everything is."""
+    started, release = threading.Event(), threading.Event()
+
+    def handler(msg):
+        if msg.episode_id == "slow":
+            started.set()
+            assert release.wait(30)
+        return ok(msg)
+
+    def lag(bus):
+        return bus.lag(bus.group("compile-workers"), [T.TOOL_COMPILE])[T.TOOL_COMPILE]
+
+    with Bus(cfg) as bus, worker(bus, handler, concurrency=2) as w, RequestClient(bus, "actor-pool") as client:
+        out = {}
+        th = threading.Thread(target=lambda: out.update(slow=client.request(T.TOOL_COMPILE, req("slow"), timeout_s=60,
+                                                                             retries=0, key="same")))
+        th.start()
+        assert started.wait(20), "the slow request never reached the handler"
+        fast = client.request(T.TOOL_COMPILE, req("fast"), timeout_s=20, retries=0, key="same")
+        assert fast.ok and fast.episode_id == "fast" and not release.is_set()
+        time.sleep(1.0)  # commits of finished requests happen between polls
+        assert lag(bus) == 2, "a commit went past the unfinished slow request"
+        release.set()
+        th.join(30)
+        assert out["slow"].ok and out["slow"].episode_id == "slow"
+        _wait(lambda: lag(bus) == 0, 15, "both requests to be committed")
+    assert w["stats"]["handled"] == 2 and w["stats"]["errors"] == 0

@@ -56,7 +56,8 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     env = cfg_env(oracle_cfg)
     logs = {}
     procs = {}
-    for role, args in (("compile", ["compile-worker"]), ("eval", ["eval-worker", "--device", "cpu"])):
+    # two builds at once in the compile worker (serve's ordered-commit pool), as on a big host
+    for role, args in (("compile", ["compile-worker", "--jobs", "2"]), ("eval", ["eval-worker", "--device", "cpu"])):
         logs[role] = open(tmp_path / f"{role}.log", "wb")  # noqa: SIM115 - the child process writes it
         procs[role] = spawn([*KERNELRL, "-v", *args], env=env, stdout=logs[role], stderr=subprocess_stdout())
     bus = Bus(oracle_cfg, client_id="sbx-test")  # groups read from 'earliest': no need to wait for them
