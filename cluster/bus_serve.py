@@ -19,7 +19,8 @@ import time
 from typing import Any, Callable
 
 from cluster.errors import is_retriable, retry
-from schemas.messages import CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, now_ms
+from schemas.messages import (CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, FilterRequest,
+                              FilterResult, now_ms)
 
 log = logging.getLogger(__name__)
 _NO_LOCK = contextlib.nullcontext()
@@ -34,6 +35,8 @@ def default_error_reply(msg, exc: BaseException):
     if isinstance(msg, EvaluateRequest):
         return EvaluateResult(request_id=rid, episode_id=msg.episode_id, task_id=msg.task_id,
                               compiled=False, correct=False, reward=0.0, error=error, fault="infra")
+    if isinstance(msg, FilterRequest):
+        return FilterResult(request_id=rid, ok=False, rule="worker_error", reason=error, fault="infra")
     return None
 
 

@@ -44,7 +44,7 @@ def run(args, cfg) -> int:
     from cluster.bus import Bus, serve
     from sandbox_workers.worker import Abandoned, EvalHandler, install_sigterm
     from schemas import topics
-    from schemas.messages import EvaluateRequest
+    from schemas.messages import EvaluateRequest, FilterRequest
 
     stop = threading.Event()
     install_sigterm(stop)
@@ -58,7 +58,8 @@ def run(args, cfg) -> int:
     topic = topics.evaluate_topic(backend)
     log.info("eval worker %s serving %s", handler.name, bus.topic(topic))
     try:
-        stats = serve(bus, topic, bus.group(args.group or f"eval-workers-{backend}"), handler, stop, expected=EvaluateRequest,
+        stats = serve(bus, topic, bus.group(args.group or f"eval-workers-{backend}"), handler, stop,
+                      expected=(EvaluateRequest, FilterRequest),
                       max_messages=args.max_messages or None)
         log.info("eval worker done: %s", stats)
     except Abandoned:

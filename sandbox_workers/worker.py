@@ -125,7 +125,10 @@ class EvalHandler:
         self.filter = FilterService(backend, self.name)
 
     def __call__(self, req):
-        from schemas.messages import FAULT_INFRA, EvaluateResult
+        from schemas.messages import FAULT_INFRA, EvaluateResult, FilterRequest
+
+        if isinstance(req, FilterRequest):  # the task filter shares the evaluate topic: dispatched by kind
+            return self._filter(req)
 
         def infra(error: str) -> EvaluateResult:
             return EvaluateResult(request_id=req.header.request_id, episode_id=req.episode_id, task_id=req.task_id,
@@ -137,13 +140,10 @@ class EvalHandler:
         return as_infra_fault(lambda: self._evaluate(req, infra), req, infra, "evaluation")
 
     def _evaluate(self, req, infra):
-        from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, EvaluateResult
+        from schemas.messages import FAULT_INFRA, EvaluateResult
 
-        if req.mode == "filter":
-            res = self.filter(req)
-            if not res.fault:
-                res.fault = FAULT_NONE if res.correct else FAULT_POLICY
-            return res
+        if req.mode == "filter":  # an older sender's filter request (FilterRequest replaced it)
+            return self.filter.legacy(req)
         r = self.evaluator.evaluate(req.model_py, req.files, req.mode, req.artifact, req.artifact_key)
         if isolation.ABORTED.is_set():
             raise Abandoned()
@@ -160,6 +160,15 @@ class EvalHandler:
                               speedup_vs_compile=float(r["speedup_vs_compile"]), violations=list(r["violations"]),
                               error=(r["error"] or "")[:8000], timings=r["timings"], evidence=r["evidence"],
                               duration_s=r["duration_s"], worker=self.name, fault=fault)
+
+    def _filter(self, req):
+        from schemas.messages import FAULT_INFRA, FilterResult
+
+        def infra(error: str) -> FilterResult:
+            return FilterResult(request_id=req.header.request_id, ok=False, rule="worker_error", reason=error[:8000],
+                                worker=self.name, fault=FAULT_INFRA)
+
+        return as_infra_fault(lambda: self.filter(req), req, infra, "filter")
 
     def close(self) -> None:
         self.filter.close()

@@ -122,9 +122,11 @@ class EvaluateRequest:
     artifact_key: str = ""
     artifact_uri: str = ""
     artifact: bytes = b""
-    mode: str = "both"  # verify | profile | both | filter (model_py is a candidate task; no solution)
+    # verify | profile | both; "filter" (model_py a candidate task, options {"filter": {...}, "timeout_s"}) is the
+    # pre-FilterRequest way to ask for the task filter: still answered for older senders, no longer sent
+    mode: str = "both"
     backend: str = "cpu"
-    options: dict[str, Any] = field(default_factory=dict)  # mode-specific: filter -> {"filter": {...}, "timeout_s"}
+    options: dict[str, Any] = field(default_factory=dict)  # mode-specific
 
 
 @dataclass
@@ -147,6 +149,45 @@ class EvaluateResult:
     worker: str = ""
     # FAULT_NONE | FAULT_POLICY | FAULT_INFRA; "" = not stated (a sender older than this field: see fault_of).
     # With FAULT_INFRA, reward means nothing (0.0): no reward could be measured.
+    fault: str = ""
+
+
+@dataclass
+class FilterRequest:
+    """Check a candidate task (`tasks synthesize|verify --via bus`): is it fit to train on?
+
+    Sent on the evaluate topic of the filter's backend (``filter["backend"]``); the evaluation
+    worker runs the task execution filter (actors.tasks.filter) on it in a sandboxed child.
+    """
+
+    KIND = "filter_request"
+    VERSION = 1
+    header: RequestHeader
+    source: str  # the candidate task's model.py
+    filter: dict[str, Any] = field(default_factory=dict)  # FilterConfig.to_dict(); backend says the device kind
+    timeout_s: float = 120.0  # for the check itself (a worker's first check also pays its child's start)
+
+
+@dataclass
+class FilterResult:
+    """The filter's verdict on one FilterRequest.
+
+    ``fault``: FAULT_NONE (passed), FAULT_POLICY (the task failed a rule: ``rule``/``reason`` say
+    which) or FAULT_INFRA (no verdict: an invalid request, a wrong backend, a worker failure; ``rule``
+    is then "invalid_request" or "worker_error" and ``verdict`` is empty).
+    """
+
+    KIND = "filter_result"
+    VERSION = 1
+    request_id: str
+    ok: bool
+    rule: str = ""  # the first rule that failed ("" when ok)
+    reason: str = ""
+    eager_ms: float = 0.0
+    compile_ms: float = 0.0
+    duration_s: float = 0.0
+    verdict: dict[str, Any] = field(default_factory=dict)  # the whole Verdict (actors.tasks.filter) as a dict
+    worker: str = ""
     fault: str = ""
 
 
@@ -290,8 +331,8 @@ class TrainStep:
 
 MESSAGE_TYPES: dict[str, type] = {
     t.KIND: t
-    for t in (Task, CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, Trajectory,
-              WeightAnnouncement, WeightChunk, DeadLetter, TrainStep)
+    for t in (Task, CompileRequest, CompileResult, EvaluateRequest, EvaluateResult, FilterRequest, FilterResult,
+              Trajectory, WeightAnnouncement, WeightChunk, DeadLetter, TrainStep)
 }
 
 # Upper bounds checked by the codec: anything larger is rejected with a precise error.
@@ -305,7 +346,7 @@ LIMITS = {
 
 __all__ = [
     "Task", "RequestHeader", "CompileRequest", "CompileResult", "EvaluateRequest", "EvaluateResult",
-    "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "TrainStep", "MESSAGE_TYPES",
+    "FilterRequest", "FilterResult", "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "TrainStep", "MESSAGE_TYPES",
     "LIMITS", "new_id", "now_ms", "FAULT_NONE", "FAULT_POLICY", "FAULT_INFRA", "FAULTS", "fault_of", "REWARD_OK",
     "REWARD_UNDETERMINED", "REFERENCE_FAILED_PREFIX",
 ]

@@ -1,17 +1,29 @@
-"""The project's import graph has no cycles, and schemas/ pulls in no torch, vLLM or DeepSpeed.
+"""The project's import graph has no cycles, every module imports alone, and schemas/ pulls in
+no torch, vLLM or DeepSpeed.
 
 The graph is read statically with ``ast``: module-level imports and the imports inside
 functions (which hide a cycle from Python, not from this test), intra-project only;
 imports under ``if TYPE_CHECKING:`` never run and are left out. Parsing needs no GPU,
 so every module is read; only ``__main__`` scripts are skipped.
+
+Then every module is really imported, each alone: in a child forked from an interpreter
+that holds no project module (only the big third-party libraries, preloaded once so the
+test takes seconds, not minutes), so a module that works only because another project
+module was imported first fails here. schemas/ modules are imported in fresh interpreters
+with nothing preloaded, and must leave no torch, vLLM or DeepSpeed in ``sys.modules``.
 """
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("actors", "cluster", "learner", "sandbox_workers", "schemas")
+PACKAGES = ("actors", "cluster", "learner", "sandbox_workers", "schemas", "skills")
 HEAVY = {"torch", "vllm", "deepspeed"}
 
 
@@ -169,3 +181,160 @@ def test_schemas_imports_no_torch_vllm_or_deepspeed():
             todo.extend(edges[m])
     heavy = {m: sorted(external[m] & HEAVY) for m in sorted(reached) if external[m] & HEAVY}
     assert not heavy, f"schemas/ reaches modules that import torch/vllm/deepspeed: {heavy}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Each module imported alone.
+
+# Not imported (every other module of PACKAGES is), each with its reason.
+NOT_IMPORTED = {
+    "actors.tasks.builtin": "task files (data): read by path and run in the filter's or evaluator's sandbox",
+    "skills.examples": "example solutions: workspaces the evaluator builds, each importing its own `krl`",
+    "skills.templates": "workspace templates: `import krl` resolves only inside a candidate's built workspace",
+}
+# Third-party libraries the import server loads once before forking (no project module among them).
+PRELOAD = ("numpy", "msgpack", "kafka", "torch")
+PARALLEL = 4
+MODULE_TIMEOUT_S = 60.0
+
+# The import server: reads {"packages", "preload", "modules", "parallel", "timeout_s"} on stdin, preloads,
+# checks that no project module is loaded, then forks one child per module (``parallel`` at a time); each
+# child imports its module and reports {"ok", "error", "heavy", "before", "s"} through a pipe.
+_SERVER = r"""
+import importlib, json, os, signal, sys, time, traceback
+
+job = json.load(sys.stdin)
+packages = tuple(job["packages"])
+
+
+def project_loaded():
+    return sorted(m for m in sys.modules if m.split(".")[0] in packages)
+
+
+for name in job["preload"]:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+preloaded = project_loaded()
+if preloaded:
+    sys.exit(f"the preload imported project modules: {preloaded}")
+
+
+def child(mod, w):
+    t0 = time.monotonic()
+    out = {"before": project_loaded()}
+    try:
+        if out["before"]:
+            raise RuntimeError("project modules already loaded")
+        importlib.import_module(mod)
+        out["ok"] = True
+    except BaseException as exc:
+        out["ok"] = False
+        out["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
+    out["heavy"] = sorted(h for h in ("torch", "vllm", "deepspeed") if h in sys.modules)
+    out["s"] = round(time.monotonic() - t0, 3)
+    os.write(w, json.dumps(out).encode()[:60000])
+    os._exit(0)
+
+
+todo, running, results = list(job["modules"]), {}, {}
+sys.stdout.flush()
+sys.stderr.flush()
+while todo or running:
+    while todo and len(running) < job["parallel"]:
+        mod = todo.pop(0)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)  # a module printing at import must not garble the report
+            child(mod, w)
+        os.close(w)
+        running[pid] = (mod, r, time.monotonic())
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        now = time.monotonic()
+        for p, (mod, r, t0) in list(running.items()):
+            if now - t0 > job["timeout_s"]:
+                os.kill(p, signal.SIGKILL)
+        time.sleep(0.005)
+        continue
+    mod, r, t0 = running.pop(pid)
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    try:
+        results[mod] = json.loads(b"".join(chunks))
+    except ValueError:
+        results[mod] = {"ok": False, "error": f"the child died (wait status {status}) after "
+                        f"{time.monotonic() - t0:.1f} s without a report (timeout {job['timeout_s']} s?)"}
+print(json.dumps(results))
+"""
+
+
+def _importable() -> list[str]:
+    """Every module of PACKAGES that is imported alone: all but NOT_IMPORTED's and test files."""
+    out = []
+    for mod, path in _modules().items():
+        if path.name.startswith("test_") or path.name == "conftest.py":
+            continue
+        if any(mod == skip or mod.startswith(skip + ".") for skip in NOT_IMPORTED):
+            continue
+        out.append(mod)
+    return out
+
+
+def _import_alone(modules: list[str], preload=PRELOAD, parallel: int = PARALLEL) -> dict[str, dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONINSPECT")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # importing must not need a GPU
+    job = {"packages": list(PACKAGES), "preload": list(preload), "modules": modules, "parallel": parallel,
+           "timeout_s": MODULE_TIMEOUT_S}
+    proc = subprocess.run([sys.executable, "-c", _SERVER], input=json.dumps(job), capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_server_catches_a_module_that_needs_another_imported_first(tmp_path, monkeypatch):
+    """A module that works only because a sibling was imported earlier fails alone (so the real check can)."""
+    pkg = tmp_path / "actors"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import sys\nsys.modules['actors'].shared = 1\n")
+    (pkg / "b.py").write_text("import actors\nvalue = actors.shared\n")
+    (pkg / "c.py").write_text("from actors import a\nvalue = a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    got = _import_alone(["actors.a", "actors.b", "actors.c"], preload=(), parallel=1)
+    assert got["actors.a"]["ok"] and got["actors.c"]["ok"], got
+    assert not got["actors.b"]["ok"] and "shared" in got["actors.b"]["error"], got
+    assert all(r.get("before") == [] for r in got.values()), got
+
+
+def test_every_module_imports_alone():
+    modules = _importable()
+    assert len(modules) > 100 and "cluster.bus" in modules and "sandbox_workers.filter_service" in modules
+    t0 = time.monotonic()
+    got = _import_alone(modules)
+    took = time.monotonic() - t0
+    failed = {m: r.get("error", "") for m, r in sorted(got.items()) if not r.get("ok")}
+    assert not failed, "modules that fail to import alone:\n" + "\n".join(f"{m}: {e}" for m, e in failed.items())
+    assert sorted(got) == sorted(modules)
+    slow = sorted(((r["s"], m) for m, r in got.items()), reverse=True)[:5]
+    print(f"{len(modules)} modules imported alone in {took:.1f} s; slowest: {slow}")
+
+
+def test_schemas_modules_alone_load_no_torch_vllm_or_deepspeed():
+    """Each schemas/ module in a fresh interpreter with nothing preloaded: no heavy library in sys.modules."""
+    modules = [m for m in _importable() if m.split(".")[0] == "schemas"]
+    assert "schemas" in modules and "schemas.codec" in modules
+    got = _import_alone(modules, preload=())
+    assert all(r.get("ok") for r in got.values()), got
+    heavy = {m: r["heavy"] for m, r in got.items() if r["heavy"]}
+    assert not heavy, f"schemas modules that load torch/vllm/deepspeed: {heavy}"

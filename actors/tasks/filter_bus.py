@@ -1,10 +1,12 @@
 """The execution filter run by the evaluation workers over Kafka (`tasks synthesize|verify --via bus`).
 
-Each candidate goes out as ``EvaluateRequest(mode="filter")`` on the evaluate topic
+Each candidate goes out as a ``FilterRequest`` (schemas.messages) on the evaluate topic
 of the filter's backend, so the filter scales with the cluster's eval workers (and
-GPU-sized tasks are measured on the workers' GPUs). Up to ``concurrency`` requests
-are in flight; a request that times out or cannot be sent becomes a rejected
-verdict (rule ``unanswered``), never a lost task.
+GPU-sized tasks are measured on the workers' GPUs); the worker answers with a
+``FilterResult`` holding the verdict. Up to ``concurrency`` requests are in flight; a
+request that times out or cannot be sent becomes a rejected verdict (rule
+``unanswered``), never a lost task, and so does one the worker could not judge
+(rule ``invalid_request`` or ``worker_error``).
 """
 from __future__ import annotations
 
@@ -35,23 +37,24 @@ class BusFilter:
     def check(self, source: str, fcfg: FilterConfig) -> Verdict:
         from cluster.errors import KernelRLError
         from schemas import topics
-        from schemas.messages import EvaluateRequest, RequestHeader, new_id
+        from schemas.messages import FilterRequest, RequestHeader
 
-        rid = new_id()[:12]
-        req = EvaluateRequest(header=RequestHeader(), episode_id=f"filter-{rid}", task_id=f"candidate-{rid}",
-                              model_py=source, files={}, mode="filter", backend=fcfg.backend,
-                              options={"filter": fcfg.to_dict(), "timeout_s": self.timeout_s})
+        req = FilterRequest(header=RequestHeader(), source=source, filter=fcfg.to_dict(), timeout_s=self.timeout_s)
         try:
             res = self.client.request(topics.evaluate_topic(fcfg.backend), req,
                                       timeout_s=self.timeout_s + START_S + 30.0)
         except KernelRLError as exc:
-            log.warning("filter request %s: %s", rid, exc)
+            log.warning("filter request %s: %s", req.header.request_id, exc)
             return Verdict(ok=False, rule="unanswered", reason=f"{type(exc).__name__}: {exc}")
-        raw = res.evidence.get("filter") if isinstance(res.evidence, dict) else None
-        if not raw:  # the worker refused the request (wrong backend, invalid config)
-            return Verdict(ok=False, rule=(res.violations or ["worker_error"])[0], reason=res.error)
-        return Verdict(**{k: v for k, v in raw.items() if k in Verdict.__dataclass_fields__})
+        return verdict_of(res)
 
     def close(self) -> None:
         self.client.close()
         self.bus.close()
+
+
+def verdict_of(res) -> Verdict:
+    """The Verdict a FilterResult carries; one without a verdict (the worker refused or failed) is a rejection."""
+    if res.verdict:
+        return Verdict(**{k: v for k, v in res.verdict.items() if k in Verdict.__dataclass_fields__})
+    return Verdict(ok=False, rule=res.rule or "worker_error", reason=res.reason, duration_s=res.duration_s)

@@ -117,7 +117,7 @@ class _Child:
 class FilterSession:
     """One sandboxed child kept across tasks (torch is imported once); replaced after a crash or a timeout.
 
-    The eval worker keeps one per process for ``mode="filter"`` requests; `filter_sources` one per shard.
+    The eval worker keeps one per process for FilterRequests; `filter_sources` one per shard.
     """
 
     def __init__(self, cfg: FilterConfig, memory_mb: int = 8192, start_s: float = 60.0,

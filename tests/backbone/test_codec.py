@@ -182,3 +182,26 @@ def test_fuzzed_bytes_raise_only_schema_error(data):
     # a mutation that still decodes must be a well-formed message that re-encodes
     assert dataclasses.is_dataclass(msg)
     codec.encode(msg)
+
+
+def test_filter_request_and_result_round_trip_with_precise_errors():
+    from schemas.messages import FAULT_POLICY, FilterRequest, FilterResult
+
+    req = FilterRequest(header=RequestHeader(reply_topic="r", deadline_ms=5), source="class Model: ...",
+                        filter={"backend": "cpu", "min_ms": 0.002, "check_compile": True}, timeout_s=60)
+    back = codec.decode(codec.encode(req), expected=FilterRequest)
+    assert back == req and back.header.deadline_ms == 5
+    assert FilterRequest(header=RequestHeader(), source="m").timeout_s == 120.0  # the defaults
+    verdict = {"ok": False, "rule": "finite", "reason": "nan in output", "eager_ms": 0.5, "compile_ms": 0.25,
+               "output_shape": [128, 256], "duration_s": 1.5}
+    res = FilterResult(request_id="r1", ok=False, rule="finite", reason="nan in output", eager_ms=0.5,
+                       compile_ms=0.25, duration_s=1.5, verdict=verdict, worker="eval-cpu@h:1", fault=FAULT_POLICY)
+    assert codec.decode(codec.encode(res), expected=FilterResult) == res
+    body = msgpack.unpackb(codec.encode(req), raw=False)
+    assert body["k"] == "filter_request" and body["v"] == FilterRequest.VERSION == 1
+    with pytest.raises(SchemaError, match=r"filter_request.timeout_s: expected float, got str"):
+        codec.decode(msgpack.packb({**body, "d": {**body["d"], "timeout_s": "soon"}}))
+    with pytest.raises(SchemaError, match=r"missing required field\(s\) \['source'\]"):
+        codec.decode(msgpack.packb({**body, "d": {k: v for k, v in body["d"].items() if k != "source"}}))
+    with pytest.raises(SchemaError, match="expected filter_result, got filter_request"):
+        codec.decode(codec.encode(req), expected=FilterResult)
