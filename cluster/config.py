@@ -283,10 +283,10 @@ class ClusterConfig:
     # tasks' known solutions (<task>.solution/), each scored by the oracle (actors/demos.py). 0 = enough for
     # the RFT steps (steps x learner.batch_trajectories); < 0 = none.
     demonstrations: int = 0
-    # The model `kernelrl up` runs when actor.model_path is unset: "tiny" (the random test model, fast) or
-    # "smollm2" (SmolLM2-135M-Instruct, imported offline from its PyPI wheel by `kernelrl model import`).
-    # Not yet the default: its first CPU learner step was killed for memory on a 24 GB machine (docs/learning.md).
-    model: str = "tiny"
+    # The model `kernelrl up` runs when actor.model_path is unset: "smollm2" (SmolLM2-135M-Instruct, imported
+    # offline from its PyPI wheel on first use; on a 2-core, 24 GB machine the default run took 9 min 34 s with a
+    # 16.1 GB learner at its peak, docs/learning.md) or "tiny" (the random test model: fast, for tests).
+    model: str = "smollm2"
     isolate_runs: bool = True  # each `kernelrl up` run gets its own topic prefix (<prefix><run id>.)
     # The address every role's metrics endpoint (/metrics, /metrics.json, /healthz) binds: loopback for
     # `kernelrl up`; "0.0.0.0" (every interface) in deployments, where Prometheus and probes come from outside
