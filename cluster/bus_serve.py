@@ -73,13 +73,7 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
     commit = consumer.commit
     try:
         while not stop_event.is_set():
-            records = consumer.poll(timeout_s=poll_timeout_s)
-            if not records:
-                consumer.recommit_failed()
-            if not ready and consumer.assignment():
-                ready = True
-                if on_ready:
-                    on_ready()
+            records, ready = _poll(consumer, poll_timeout_s, ready, on_ready)
             for rec in records:
                 if stop_event.is_set():
                     break  # not finished: not committed, redelivered to whoever comes next
@@ -94,6 +88,18 @@ def serve(bus, topic: str, group_id: str, handler: Callable[[Any], Any],
         consumer.close()
         producer.close()
     return stats
+
+
+def _poll(consumer, timeout_s: float, ready: bool, on_ready, idle: bool = True) -> tuple[list, bool]:
+    """One poll; when idle, failed async commits are sent again; on_ready once partitions are assigned."""
+    records = consumer.poll(timeout_s=timeout_s)
+    if not records and idle:
+        consumer.recommit_failed()
+    if not ready and consumer.assignment():
+        ready = True
+        if on_ready:
+            on_ready()
+    return records, ready
 
 
 def _serve_pool(bus, consumer, producer, handler, on_error, retries, stop_event, stats, concurrency: int,
@@ -143,13 +149,7 @@ def _serve_pool(bus, consumer, producer, handler, on_error, retries, stop_event,
             if len(running) >= concurrency:
                 time.sleep(min(poll_timeout_s, 0.02))
                 continue
-            records = consumer.poll(timeout_s=poll_timeout_s)
-            if not records and not running:
-                consumer.recommit_failed()
-            if not ready and consumer.assignment():
-                ready = True
-                if on_ready:
-                    on_ready()
+            records, ready = _poll(consumer, poll_timeout_s, ready, on_ready, idle=not running)
             for rec in records:
                 pending.setdefault((rec.raw_topic, rec.partition), {})[rec.offset] = None
                 running.add(pool.submit(job, rec))
