@@ -1,8 +1,9 @@
 """compile / verify / profile: the agent's remote tools, as requests over the bus.
 
 Each call sends the workspace's solution files to the compile workers, then
-(verify, profile) the built artifact to the evaluation workers of the task's
-device kind, and turns the reply, a timeout or an error into text the model
+(verify, profile) the files and the built artifact's content key (not its bytes:
+the evaluation worker takes the artifact from its cache or the compile workers)
+to the evaluation workers of the task's device kind, and turns the reply, a timeout or an error into text the model
 reads. Every evaluation is kept: the episode's reward comes from them.
 
 Reward provenance: a reply whose fault is the infrastructure's (schemas.fault_of:
@@ -122,7 +123,7 @@ class RemoteTools:
             return res, _compile_text(res, self.max_output_chars, reused=True), fault_of(res)
         self.compiles += 1
         req = CompileRequest(header=RequestHeader(), episode_id=self.episode_id, files=files,
-                             backend=self.task.backend, cuda_arch=self.cuda_arch)
+                             backend=self.task.backend, cuda_arch=self.cuda_arch, inline_artifact=False)
         reply, err, fault = await self._request(T.TOOL_COMPILE, req)
         if reply is None:
             return None, truncate(err, self.max_output_chars), fault
@@ -149,7 +150,7 @@ class RemoteTools:
             return rec, ctext
         req = EvaluateRequest(header=RequestHeader(), episode_id=self.episode_id, task_id=self.task.task_id,
                               model_py=self.task.model_py, files=files, artifact_key=cres.artifact_key,
-                              artifact_uri=cres.artifact_uri, artifact=cres.artifact, mode=mode,
+                              artifact_uri=cres.artifact_uri, mode=mode,
                               backend=self.task.backend)
         reply, err, fault = await self._request(T.evaluate_topic(self.task.backend), req)
         if reply is not None and not isinstance(reply, EvaluateResult):

@@ -41,8 +41,8 @@ def run(args, cfg) -> int:
         log.info("GPU health: %s", gpu.health_check())
         locked = gpu.lock_clocks(ident["handle"]) if cfg.sandbox.lock_clocks else None
         device_key = f"cuda:{ident['name']}:locked={locked}"
-    from cluster.bus import Bus, serve
-    from sandbox_workers.worker import Abandoned, EvalHandler, install_sigterm
+    from cluster.bus import Bus, RequestClient, serve
+    from sandbox_workers.worker import Abandoned, EvalHandler, install_sigterm, worker_name
     from schemas import topics
     from schemas.messages import EvaluateRequest, FilterRequest
 
@@ -50,11 +50,14 @@ def run(args, cfg) -> int:
     install_sigterm(stop)
     from cluster import metrics
 
-    handler = metrics.Metered(EvalHandler(cfg, backend, device_key=device_key))
+    name = worker_name(f"eval-{backend}")
+    bus = Bus(cfg, client_id=name)
+    bus.ensure_topics()
+    # artifacts the worker's cache lacks come from the compile workers by content key (Evaluator._artifact)
+    client = RequestClient(bus, name=name)
+    handler = metrics.Metered(EvalHandler(cfg, backend, device_key=device_key, client=client))
     metrics.serve_from_env("eval-worker", cfg.cluster.metrics_host, name=handler.name, backend=backend,
                            device=device_key)
-    bus = Bus(cfg, client_id=handler.name)
-    bus.ensure_topics()
     topic = topics.evaluate_topic(backend)
     log.info("eval worker %s serving %s", handler.name, bus.topic(topic))
     try:
@@ -66,6 +69,7 @@ def run(args, cfg) -> int:
         log.info("eval worker stopped mid-job; the job stays uncommitted")
     finally:
         handler.close()
+        client.close()
         bus.close()
         if ident is not None and cfg.sandbox.lock_clocks:
             from sandbox_workers import gpu

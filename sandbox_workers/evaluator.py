@@ -1,7 +1,8 @@
 """Verify + profile one solution against its task: the reward oracle's one entry point.
 
-Flow: validate files -> static guards (a first speed bump) -> artifact (cache / inline / build,
-with the native-code policy on the built library) -> a judged session: the trusted judge
+Flow: validate files -> static guards (a first speed bump) -> artifact by its content key (cache / an
+older sender's inline bytes / the compile workers / build, with the native-code policy on the built
+library) -> a judged session: the trusted judge
 (sandbox_workers/judge.py, task code only) drives the candidate, sandboxed in another process,
 on fresh secret inputs and checks every output -> baselines (eager, torch.compile) measured by
 the same judge protocol on the task's own Model, cached per task, device and versions in a
@@ -20,6 +21,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from sandbox_workers import compiler, cpuset, formats, guards, workspace
@@ -30,8 +32,11 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = "judge-4"
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
-    def __init__(self, cfg, backend: str | None = None, device_key: str = ""):
+    def __init__(self, cfg, backend: str | None = None, device_key: str = "", fetch=None):
+        """``fetch(files, backend)``: ask the compile workers for this workspace's artifact (a CompileResult; raises
+        when they do not answer in time); None (no bus: ``kernelrl sandbox eval``, tests) builds locally instead."""
         self.cfg = cfg
+        self.fetch = fetch
         self.sb = cfg.sandbox
         self.backend = backend or self.sb.backend
         self.device_key = device_key or _default_device_key(self.backend, self.sb)
@@ -118,6 +123,10 @@ class Evaluator:
 
     # ------------------------------------------------------------------ artifact
     def _artifact(self, files, artifact: bytes, artifact_key: str):
+        """The built library for ``files``, by the content key this worker computes itself, from (in order): its
+        own artifact cache (shared with the compile workers on one filesystem), the inline bytes of an older
+        sender, the compile workers over the bus (``self.fetch``), else its own build. ``info["source"]`` says
+        which: "cache" | "inline" | "compile_worker" | "local_build"."""
         try:
             key = compiler.cache_key(files, self.backend, self.cfg)
         except Exception as exc:  # noqa: BLE001 - bad flags or no toolchain: report as a compile failure
@@ -127,15 +136,57 @@ class Evaluator:
             return None, {"ok": False, "error": "forbidden code in kernel sources", "violations": guards.names(found),
                           "log": "\n".join(f"{v.name}: {v.detail}" for v in found)}
         lib = compiler.lookup(self.cfg, key)
-        if lib is None and artifact and artifact_key == key:
-            # the compile worker's output carried by the actor (trusted roles); keyed by the sources' content
-            lib = compiler.store(self.cfg, key, artifact, {"log": "", "backend": self.backend, "source": "inline"})
         if lib is not None:
-            return lib, {"ok": True, "key": key, "cached": True}
+            return lib, {"ok": True, "key": key, "cached": True, "source": "cache"}
+        if artifact and artifact_key == key:
+            # the compile worker's output carried by an older actor (trusted roles); keyed by the sources' content
+            lib = compiler.store(self.cfg, key, artifact, {"log": "", "backend": self.backend, "source": "inline"})
+            return lib, {"ok": True, "key": key, "cached": True, "source": "inline"}
+        notes: dict = {}
+        if self.fetch is not None:
+            lib, info = self._fetch(files, key)
+            if lib is not None or not info.get("ok", True):
+                return lib, info  # the compile worker's artifact, or its verdict: the policy's compile failure
+            notes = info  # no usable answer: why, kept with the local build's evidence
         out = compiler.compile_workspace(files, self.backend, self.cfg)
         info = {"ok": out.ok, "key": out.key, "cached": out.cached, "log": out.log, "error": out.error,
-                "violations": out.violations, "duration_s": out.duration_s}
+                "violations": out.violations, "duration_s": out.duration_s, "source": "local_build", **notes}
         return (out.library if out.ok else None), info
+
+    def _fetch(self, files, key: str):
+        """(library, info) from the compile workers. library None with info["ok"] False: their build failed (the
+        policy's); with info["ok"] True: no usable answer (timeout, their infra fault, a key that is not ours)."""
+        t0 = time.monotonic()
+        try:
+            res = self.fetch(files, self.backend)
+        except Exception as exc:  # noqa: BLE001 - no answer in time or no bus: this worker builds it instead
+            log.warning("compile workers gave no artifact for %s: %s: %s", key[:12], type(exc).__name__, exc)
+            return None, {"ok": True, "fetch_error": f"{type(exc).__name__}: {exc}"[:2000]}
+        waited = round(time.monotonic() - t0, 6)
+        worker = getattr(res, "worker", "")
+        if not res.ok:
+            if getattr(res, "fault", "") == "infra":  # the compile worker's own failure: no verdict on the sources
+                return None, {"ok": True, "fetch_error": f"compile worker {worker}: {(res.error or '')[:2000]}"}
+            return None, {"ok": False, "key": key, "cached": False, "log": res.log, "error": res.error,
+                          "violations": list(getattr(res, "violations", None) or []), "duration_s": res.duration_s,
+                          "source": "compile_worker", "worker": worker, "fetch_s": waited}
+        if res.artifact_key != key:
+            log.warning("compile worker %s answered key %s for %s: refused", worker, res.artifact_key[:12], key[:12])
+            return None, {"ok": True, "refused": f"compile worker {worker} answered artifact key "
+                                                 f"{res.artifact_key!r}, not this worker's {key!r}"}
+        data = res.artifact
+        if not data and res.artifact_uri.startswith("file://"):  # too large to inline: same filesystem, read it
+            try:
+                data = Path(urllib.parse.unquote(urllib.parse.urlparse(res.artifact_uri).path)).read_bytes()
+            except OSError:
+                data = b""
+        if not data:
+            return None, {"ok": True, "fetch_error": f"compile worker {worker} sent no artifact bytes "
+                                                     f"(uri {res.artifact_uri!r})"}
+        lib = compiler.store(self.cfg, key, data, {"log": res.log, "backend": self.backend, "source": "compile_worker",
+                                                   "worker": worker})
+        return lib, {"ok": True, "key": key, "cached": True, "source": "compile_worker", "worker": worker,
+                     "worker_cached": bool(res.cached), "fetch_s": waited}
 
     # ------------------------------------------------------------------ judged sessions
     def _spec(self, task_source: str, timing: bool, variants: list[dict]) -> dict:

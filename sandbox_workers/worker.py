@@ -78,11 +78,12 @@ class CompileHandler:
             fault, error = FAULT_INFRA, f"{error} (the worker's toolchain is incomplete: {missing})"
         res = CompileResult(request_id=req.header.request_id, episode_id=req.episode_id, ok=out.ok,
                             artifact_key=out.key if out.ok else "", cached=out.cached, log=out.log,
-                            error=error, duration_s=out.duration_s, worker=self.name, fault=fault)
+                            error=error, duration_s=out.duration_s, worker=self.name, fault=fault,
+                            violations=list(out.violations))
         if out.ok and out.library is not None:
             res.artifact_uri = out.library.resolve().as_uri()
             size = out.library.stat().st_size
-            if size <= self.cfg.sandbox.inline_artifact_bytes:
+            if getattr(req, "inline_artifact", True) and size <= self.cfg.sandbox.inline_artifact_bytes:
                 res.artifact = out.library.read_bytes()
         return res
 
@@ -115,13 +116,16 @@ def eval_fault(r: dict) -> str:
 
 
 class EvalHandler:
-    def __init__(self, cfg, backend: str, device_key: str = ""):
+    def __init__(self, cfg, backend: str, device_key: str = "", client=None, fetch_timeout_s: float | None = None):
+        """``client``: a cluster.bus_rpc.RequestClient to ask the compile workers for artifacts by content key
+        (Evaluator._artifact); None: this worker builds what its artifact cache lacks."""
         from sandbox_workers.evaluator import Evaluator
 
         self.cfg = cfg
         self.backend = backend
-        self.evaluator = Evaluator(cfg, backend, device_key=device_key)
         self.name = worker_name(f"eval-{backend}")
+        fetch = None if client is None else compile_fetcher(client, cfg, self.name, fetch_timeout_s)
+        self.evaluator = Evaluator(cfg, backend, device_key=device_key, fetch=fetch)
         self.filter = FilterService(backend, self.name)
 
     def __call__(self, req):
@@ -173,6 +177,42 @@ class EvalHandler:
     def close(self) -> None:
         self.filter.close()
         self.evaluator.close()
+
+
+def compile_fetcher(client, cfg, sender: str, timeout_s: float | None = None):
+    """fetch(files, backend) -> CompileResult: the same workspace sent to the compile workers (a cache hit is
+    answered at once, else built), waiting at most ``timeout_s`` (default: a build's limit plus a margin) with no
+    retry; RequestTimeout when they do not answer: the caller builds instead."""
+    from schemas import topics as T
+    from schemas.messages import CompileRequest, CompileResult, RequestHeader
+
+    wait_s = float(timeout_s if timeout_s is not None else cfg.sandbox.compile_timeout_s + 30.0)
+
+    def fetch(files: dict[str, str], backend: str):
+        req = CompileRequest(header=RequestHeader(sender=sender), episode_id="", files=dict(files), backend=backend,
+                             cuda_arch=cfg.sandbox.cuda_arch if backend == "cuda" else "")
+        box: list = []
+
+        def ask():
+            try:
+                box.append(client.request(T.TOOL_COMPILE, req, timeout_s=wait_s, retries=0))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting handler below
+                box.append(exc)
+
+        t = threading.Thread(target=ask, name="fetch-artifact", daemon=True)
+        t.start()
+        while t.is_alive():  # in slices: a SIGTERM abandons the job without waiting for the reply
+            t.join(0.2)
+            if isolation.ABORTED.is_set():
+                raise Abandoned()
+        reply = box[0]
+        if isinstance(reply, BaseException):
+            raise reply
+        if not isinstance(reply, CompileResult):
+            raise TypeError(f"compile worker answered with {type(reply).__name__}")
+        return reply
+
+    return fetch
 
 
 def as_infra_fault(handle, req, infra, what: str):

@@ -87,6 +87,9 @@ class CompileRequest:
     backend: str = "cpu"  # cpu | cuda
     cuda_arch: str = ""
     extra_flags: list[str] = field(default_factory=list)
+    # False: the reply leaves out the library's bytes (CompileResult.artifact); the actor needs only its key.
+    # Older compile workers ignore the field and inline them anyway (harmless)
+    inline_artifact: bool = True
 
 
 @dataclass
@@ -106,6 +109,7 @@ class CompileResult:
     worker: str = ""
     # FAULT_NONE | FAULT_POLICY | FAULT_INFRA; "" = not stated (a sender older than this field: see fault_of)
     fault: str = ""
+    violations: list[str] = field(default_factory=list)  # the kernel rules a failed build broke (older senders: [])
 
 
 @dataclass
@@ -119,6 +123,8 @@ class EvaluateRequest:
     task_id: str
     model_py: str
     files: dict[str, str]
+    # the artifact's content key; the evaluation worker computes its own from ``files`` and takes the artifact from
+    # its cache or the compile workers. ``artifact``: the bytes inline, as older actors sent them (now left empty)
     artifact_key: str = ""
     artifact_uri: str = ""
     artifact: bytes = b""

@@ -55,6 +55,11 @@ def test_scripted_episode_reward_matches_the_workers_verdict(aloop, tokenizer, w
     last = ep.remote.evaluations[-1].result  # the worker's own reply to the final (profile) evaluation
     assert ep.remote.evaluations[-1].mode == "both" and len(ep.remote.evaluations) == 2
     assert last.correct and last.compiled and last.reward >= 1.0 and last.worker.startswith("eval-cpu")
+    # the actor sent the artifact's key, not its bytes: the evaluation worker took it from the cache it shares with
+    # the compile worker (or asked the compile worker), and built nothing itself
+    assert last.evidence["compile"]["source"] in ("cache", "compile_worker"), last.evidence["compile"]
+    creply = ep.remote._last_compile[1]  # nor did the compile worker send the library's bytes to the actor
+    assert creply.ok and creply.artifact_key and creply.artifact == b""
     assert traj.reward == last.reward and traj.evidence["request_id"] == last.request_id
     assert traj.evidence["correct"] is True and traj.evidence["speedup_vs_eager"] == last.speedup_vs_eager
     assert traj.evidence["stats"]["final_eval_s"] == 0.0  # the profile already covered the final workspace

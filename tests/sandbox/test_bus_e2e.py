@@ -80,11 +80,14 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
 
         first = evaluate(good, mode="both", artifact=comp.artifact, artifact_key=comp.artifact_key)
         assert first.compiled and first.correct and first.reward >= 1.0, (first.error, first.violations)
+        assert first.evidence["compile"]["source"] == "cache"  # shared with the compile worker: no bytes needed
         assert first.timings["candidate"]["n"] >= 5 and first.timings["eager"]["median_s"] > 0
         assert first.timings["compile"]["median_s"] > 0 and first.speedup_vs_eager > 0
 
         crash = evaluate(relu_with_body("float* p = nullptr; for (int64_t i = 0; i < n; ++i) p[i * 4096] = 1.f;"))
         assert not crash.correct and crash.reward == -1.0 and "SIGSEGV" in crash.error, crash.error
+        # never compiled before, and no artifact in the request: built by the compile worker, not the evaluator
+        assert crash.evidence["compile"]["source"] in ("compile_worker", "cache"), crash.evidence["compile"]
         t0 = time.monotonic()
         hang = evaluate(relu_with_body("volatile int spin = 1; while (spin) { }"))
         assert not hang.correct and hang.reward == -1.0 and "deadline" in hang.error, hang.error
@@ -119,6 +122,62 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
         assert p.wait(timeout=30) == 0, (role, (tmp_path / f"{role}.log").read_text()[-3000:])
     assert bus.lag("eval-workers-cpu", [topics.evaluate_topic("cpu")])[topics.evaluate_topic("cpu")] == 0
     bus.close()
+
+
+def test_the_artifact_comes_by_its_key_from_the_compile_worker(oracle_cfg, spawn, tmp_path):
+    """The evaluation worker on another filesystem (its own empty artifact cache) gets requests without artifact
+    bytes: it asks the compile workers for the artifact by the key it computes itself, keeps it, and refuses one
+    built under another key (here: a compile worker with other compiler flags), building that one itself."""
+    from cluster.bus import Bus, RequestClient
+    from sandbox_workers import workspace
+    from schemas import topics
+    from schemas.messages import EvaluateRequest, RequestHeader
+
+    base_env = cfg_env(oracle_cfg)
+    eval_env = dict(base_env, KRL__SANDBOX__ARTIFACT_CACHE_DIR=str(tmp_path / "eval-artifacts"))
+    other_env = dict(base_env, KRL__SANDBOX__CPU_FLAGS=oracle_cfg.sandbox.cpu_flags.replace("-O3", "-O2"))
+    log = open(tmp_path / "workers.log", "wb")  # noqa: SIM115 - the child processes write it
+    evaluator = spawn([*KERNELRL, "-v", "eval-worker", "--device", "cpu"], env=eval_env, stdout=log,
+                      stderr=subprocess_stdout())
+    odd = spawn([*KERNELRL, "-v", "compile-worker"], env=other_env, stdout=log, stderr=subprocess_stdout())
+    bus = Bus(oracle_cfg, client_id="sbx-test3")
+    client = RequestClient(bus, name="sbx-test3-actor")
+    task = (EXAMPLE / "model.py").read_text()
+    good = workspace.read_dir(EXAMPLE)
+    kernel = next(p for p in good if p.startswith("kernels/"))
+
+    def variant(tag: str) -> dict:  # the honest solution under a key no cache has seen yet
+        return dict(good, **{kernel: good[kernel] + f"\n// {tag} {tmp_path.name}\n"})
+
+    def evaluate(files):
+        req = EvaluateRequest(header=RequestHeader(), episode_id="ep-3", task_id="l1-19-relu", model_py=task,
+                              files=files, mode="verify", backend="cpu", artifact_key="the-actor-s-key")
+        return client.request(topics.evaluate_topic("cpu"), req, timeout_s=300, retries=0)
+
+    try:
+        # a compile worker whose key differs (other flags): its artifact is refused, the worker builds its own
+        refused = evaluate(variant("a"))
+        comp = refused.evidence["compile"]
+        assert refused.correct and refused.reward == 1.0, refused.error
+        assert comp["source"] == "local_build" and "not this worker's" in comp["refused"], comp
+        odd.send_signal(signal.SIGTERM)
+        assert odd.wait(timeout=60) == 0
+        spawn([*KERNELRL, "-v", "compile-worker"], env=base_env, stdout=log, stderr=subprocess_stdout())
+        fetched = evaluate(variant("b"))
+        comp = fetched.evidence["compile"]
+        assert fetched.correct and fetched.reward == 1.0, fetched.error
+        assert comp["source"] == "compile_worker" and comp["worker"].startswith("compile@"), comp
+        assert (tmp_path / "eval-artifacts" / comp["key"][:2] / comp["key"]).is_dir()  # kept under its key
+        again = evaluate(variant("b"))
+        assert again.correct and again.evidence["compile"]["source"] == "cache", again.evidence["compile"]
+        # the compile worker's verdict on sources that do not build is the policy's compile failure
+        bad = evaluate(relu_with_body("nonsense;"))
+        assert not bad.compiled and bad.reward == -1.0 and bad.fault == "policy", bad.error
+        assert bad.evidence["compile"]["source"] == "compile_worker", bad.evidence["compile"]
+        assert evaluator.poll() is None
+    finally:
+        client.close()
+        bus.close()
 
 
 def test_sigterm_abandons_the_running_job(oracle_cfg, spawn):
