@@ -166,7 +166,8 @@ class SandboxConfig:
     warm_sessions: bool = True  # start the next judge + candidate pair while this one works (CUDA, or >= 8 cores)
     # pre-started candidate pairs kept ready: a pair takes ~5-6 s to start (torch and the guard's imports; CUDA
     # waits for the job), an evaluation with cached baselines ~1.6-3 s on an H200: with 2 pairs every third job
-    # waited ~5.5 s for one, with 4 none did once the pool was full (docs/oracle-gpu.md, session 9)
+    # waited ~5.5 s for one, with 4 none did once the pool was full (docs/oracle-gpu.md, session 9). CUDA only: on
+    # a CPU host (>= 8 cores) one pair is kept, since starting pairs share the timed job's cores
     warm_pool: int = 4
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile

@@ -214,8 +214,10 @@ class Evaluator:
             if sess is None:
                 sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
             if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or len(cpuset.available()) >= 8):
-                # on a small CPU host the next pairs' start-up would slow the job being timed
-                while len(pool) < max(1, self.sb.warm_pool):
+                # on a small CPU host the next pairs' start-up would slow the job being timed; on a CPU host the
+                # pairs share the timed job's cores, so one at a time there (the GPU times on the device)
+                size = max(1, self.sb.warm_pool) if self.backend == "cuda" else 1
+                while len(pool) < size:
                     pool.append(Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start())
             return sess
 

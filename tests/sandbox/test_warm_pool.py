@@ -36,7 +36,7 @@ def ev(sb_cfg, monkeypatch, tmp_path):
     cfg.sandbox.isolation = "none"
     cfg.sandbox.baseline_cache_dir = str(tmp_path / "baselines")
     cfg.sandbox.warm_sessions, cfg.sandbox.warm_pool = True, 3
-    return ev_mod.Evaluator(cfg, "cpu", device_key="cpu:test")
+    return ev_mod.Evaluator(cfg, "cuda", device_key="cuda:test")  # no GPU is touched: the sessions are stand-ins
 
 
 def test_pool_serves_oldest_live_session_and_refills(ev):
@@ -51,6 +51,12 @@ def test_pool_serves_oldest_live_session_and_refills(ev):
     assert len(waiting) == 3 and pool[2] in waiting
     ev.close()  # the sessions handed out are their jobs' to close; the waiting ones are the evaluator's
     assert all(s.closed for s in waiting) and not second.closed and ev._ready == {}
+
+
+def test_cpu_keeps_one_pair_ready(ev):
+    ev.backend = "cpu"  # pre-started pairs would share the timed job's cores
+    ev._take("candidate")
+    assert len(ev._ready["candidate"]) == 1
 
 
 def test_no_pool_for_baselines_or_when_disabled(ev):
