@@ -50,8 +50,12 @@ def kafka():
         yield {"bootstrap": external, "state_dir": None, "embedded": False}
         return
     cfg = Config()
-    # outside pytest's basetemp: concurrent pytest sessions prune each other's old basetemps
-    cfg.broker.state_dir = tempfile.mkdtemp(prefix="krl-test-kafka-")
+    # outside pytest's basetemp: concurrent pytest sessions prune each other's old basetemps. In memory when
+    # it can be: the KRaft controller fsyncs its metadata log on every write, and on a 2-core CI disk busy with
+    # writeback one such write took 43 s ("Exceptionally slow controller event writeNoOpRecord"), long enough for
+    # every client of the session to time out (tests/actors/test_weights_in_memory.py failed so, 2026-12-04)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    cfg.broker.state_dir = tempfile.mkdtemp(prefix="krl-test-kafka-", dir=shm)
     cfg.broker.heap_mb = 512
     st = broker.start(cfg, tie_to_parent=True)  # no orphan JVM even if pytest is killed
     os.environ["KRL__BUS__BOOTSTRAP_SERVERS"] = st["bootstrap"]
