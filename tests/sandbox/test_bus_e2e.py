@@ -102,7 +102,7 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     # a short flood of both topics (the stress tool) against the same workers
     from sandbox_workers.stress import run_stress
 
-    report = run_stress(oracle_cfg, "cpu", duration_s=6.0, rate=2.0, eval_fraction=0.3, timeout_s=120,
+    report = run_stress(oracle_cfg, "cpu", duration_s=6.0, rate=2.0, eval_fraction=0.5, timeout_s=120,
                         examples="19_relu")
     assert report["sent"] >= 10 and report["timeouts"] == 0 and report["failed"] == 0, report
     assert report["compile"]["n"] + report["evaluate"]["n"] == report["sent"]
@@ -111,10 +111,9 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     assert report["worker_busy_fraction"] and all(0 < f <= 1 for f in report["worker_busy_fraction"].values())
     # where each evaluation's time went, from the workers' own results (evidence.phases) through the bus
     phases = report["evaluate_phases"]
-    if report["evaluate"]["n"]:
-        assert report["evaluations_per_min"] > 0
-        for name in ("queue_s", "artifact_s", "candidate_s", "candidate.judge_start_s", "candidate.candidate.verify_s"):
-            assert phases[name]["n"] >= 1 and phases[name]["p99_s"] >= phases[name]["p50_s"] >= 0, (name, phases)
+    assert report["evaluate"]["n"] >= 1 and report["evaluations_per_min"] > 0, report
+    for name in ("queue_s", "artifact_s", "candidate_s", "candidate.judge_start_s", "candidate.candidate.verify_s"):
+        assert phases[name]["n"] >= 1 and phases[name]["p99_s"] >= phases[name]["p50_s"] >= 0, (name, phases)
     for role, p in procs.items():
         assert p.poll() is None, f"{role} worker died"
         p.send_signal(signal.SIGTERM)
