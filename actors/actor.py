@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from actors.tools_local import LocalTools
 from actors.tools_remote import RemoteTools
 from actors.workspace import Workspace, single_turn_skill_text, skill_text
 from cluster import metrics
+from cluster.config import episode_mode_at
 from cluster.errors import RetriableError, is_retriable, retry_async
 from schemas import topics as T
 from schemas.messages import Task, Trajectory, new_id
@@ -44,7 +46,7 @@ class Actor:
     def __init__(self, cfg: Any, policy: Any, *, actor_id: str | None = None, bus: Any = None,
                  request_client: Any = None, evaluation: bool = False):
         from cluster.bus import AsyncRequestClient, Bus
-        from cluster.config import cache_path
+        from cluster.config import cache_path, run_cache_path
 
         self.cfg, self.policy = cfg, policy
         self.actor_id = actor_id or default_actor_id()
@@ -52,7 +54,9 @@ class Actor:
         self.client = request_client or AsyncRequestClient(self.bus, name=self.actor_id)
         self.limits = EpisodeLimits.from_config(cfg.actor, evaluation=evaluation)
         self.ws_root = Path(cfg.actor.workspace_root) if cfg.actor.workspace_root else cache_path(cfg, "workspaces")
-        self.weights_root = Path(cfg.actor.weights_dir) if cfg.actor.weights_dir else cache_path(cfg, "actor-weights")
+        # per set of topics, like the learner's checkpoints: two runs on one machine each assemble their own v1
+        self.weights_root = (Path(cfg.actor.weights_dir) if cfg.actor.weights_dir
+                             else run_cache_path(cfg, "actor-weights"))
         self.renderer = ChatRenderer(policy.tokenizer, tool_specs.ALL)
         self.tracker = OffsetTracker()
         self._cthread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{self.actor_id}-tasks")
@@ -147,9 +151,15 @@ class Actor:
     async def run_episode(self, task: Task, episode_id: str | None = None) -> Trajectory:
         """Run one episode in a fresh workspace and return its trajectory (not published)."""
         traj, errored = await run_episode(self.cfg, self.policy, self.renderer, task, self.client, self.ws_root,
-                                          self.actor_id, self.limits, episode_id)
+                                          self.actor_id, self.limits_now(), episode_id)
         self.stats["errors"] += int(errored)
         return traj
+
+    def limits_now(self) -> EpisodeLimits:
+        """The limits of an episode starting now: with ``actor.episode_mode = "by_stage"`` its mode follows the
+        stage of the learner's next step, as known from the newest version this actor applied."""
+        steps = self.follower.learner_steps if self.follower is not None else 0
+        return dataclasses.replace(self.limits, mode=episode_mode_at(self.cfg, steps))
 
     async def _episode(self, rec: Any, consumer: Any) -> None:
         task: Task = rec.msg

@@ -51,9 +51,14 @@ class EpisodeLimits:
     def from_config(cls, acfg: Any, *, evaluation: bool = False) -> "EpisodeLimits":
         return cls(max_turns=acfg.eval_max_turns if evaluation else acfg.max_turns,
                    max_context_tokens=acfg.max_context_tokens, max_new_tokens=acfg.max_new_tokens,
-                   mode=acfg.episode_mode, reward_from=acfg.reward_from,
+                   mode=_fixed_mode(acfg.episode_mode), reward_from=acfg.reward_from,
                    max_observation_chars=acfg.max_observation_chars,
                    final_eval_mode=getattr(acfg, "final_eval_mode", "both"))
+
+
+def _fixed_mode(mode: str) -> str:
+    """``by_stage`` is resolved per episode (Actor.limits_now); outside a stage schedule it is multi-turn."""
+    return "multi_turn" if mode == "by_stage" else mode
 
 
 def task_prompt(task: Task, single_turn: bool) -> str:
@@ -202,6 +207,8 @@ class Episode:
         meta = {"policy": self.policy.name, "version_start": self.version_start, "version_end": self.policy.version,
                 "turns": len(self.builder.turns), "compiles": self.remote.compiles, "task_name": self.task.name,
                 "trainable": getattr(self.policy, "trainable", True)}
+        if isinstance(self.task.metadata, dict) and self.task.metadata.get("heldout"):
+            meta["heldout"] = True  # a held-out task's episode: measured, never trained on (learner/data.py)
         return self.builder.build(reward, evidence, end_reason, meta, reward_status=status)
 
 

@@ -47,7 +47,7 @@ async def _replay(cfg: Any, tasks: list[Task], count: int, model_path: str) -> d
     from actors.actor import Actor
     from actors.policy import ScriptedPolicy, load_tokenizer
 
-    mode = cfg.actor.episode_mode
+    mode = "multi_turn" if cfg.actor.episode_mode == "by_stage" else cfg.actor.episode_mode  # RFT is multi-turn
     demo_tasks = [(t, script_for(t, mode)) for t in tasks]
     demo_tasks = [(t, s) for t, s in demo_tasks if s]
     if not demo_tasks or count <= 0:

@@ -46,6 +46,7 @@ class WeightFollower:
         self.executor = executor
         self.errors: list[str] = []
         self.applied: list[dict] = []
+        self.learner_steps = 0  # the learner steps done when the applied version was made (ann.step)
         self.pending: dict[int, Any] = {}  # version -> its record: announced newer than the engine's, not given up
         self.attempts: dict[int, int] = {}
         self.retry_at: dict[int, float] = {}
@@ -155,6 +156,7 @@ class WeightFollower:
         self.gate.mark_applied(ann.version)
         self.pending = {v: a for v, a in self.pending.items() if v > ann.version}
         self.applied.append({"version": ann.version, "swap_ms": ms})
+        self.learner_steps = max(self.learner_steps, int(ann.step))
         metrics.inc("weight_versions_applied")
         metrics.set_gauge("weight_version", ann.version)
         metrics.observe("swap_ms", ms)

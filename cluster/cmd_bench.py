@@ -1,4 +1,4 @@
-"""`kernelrl bench bus|compile|actor|learner|weights`: benchmarks printing ratios vs same-run baselines.
+"""`kernelrl bench bus|compile|actor|learner|weights|learning`: benchmarks printing ratios vs same-run baselines.
 
 `bench bus` lives in cluster/bench_bus.py; the others are owned by their roles and
 dispatched to ``<module>.run_bench(args, cfg) -> dict`` (imported only when asked).
@@ -17,6 +17,7 @@ TARGETS = {
     "actor": "actors.bench",
     "learner": "learner.bench",
     "weights": "cluster.bench_weights",
+    "learning": "cluster.bench_learning",
 }
 
 

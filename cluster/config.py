@@ -191,7 +191,9 @@ class ActorConfig:
     max_context_tokens: int = 131072
     max_new_tokens: int = 512
     temperature: float = 1.0
-    episode_mode: str = "multi_turn"  # multi_turn | single_turn
+    # multi_turn | single_turn | by_stage: the learner's stage decides (the recipe: single-turn while the next
+    # learner step is warm-up, multi-turn for RFT, critic and PPO), switched between episodes without a restart
+    episode_mode: str = "multi_turn"
     reward_from: str = "final"  # final | best
     # The evaluation that scores an episode's final workspace: "both" (verify + profile: speed-up milestones)
     # or "verify" (correctness only: reward +1 / -1; several times cheaper, e.g. for learning tests)
@@ -210,7 +212,7 @@ class ActorConfig:
     max_observation_chars: int = 8000
     workspace_root: str = ""  # default: <cache_dir>/workspaces
     keep_workspaces: bool = False
-    weights_dir: str = ""  # where received policy versions are assembled; default <cache_dir>/actor-weights
+    weights_dir: str = ""  # where received policy versions are assembled; default <cache_dir>/actor-weights/<topic prefix>
     openai_api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the endpoint's key
     shutdown_grace_s: float = 30.0  # on SIGTERM, finish running episodes for this long, then leave them uncommitted
 
@@ -261,6 +263,10 @@ class LearnerConfig:
     ppo_epochs: int = 1
     rft_epochs: int = 1  # optimiser steps per RFT learner step over the same batch (demonstrations are few)
     whiten_advantages: bool = True
+    # gae: the critic's GAE (the recipe's). rloo: an episode's advantage on every token is its reward less the
+    # mean reward of the other episodes of its task in the step (leave-one-out); a task with one episode in the
+    # step falls back to GAE. The critic still trains (on GAE returns) either way.
+    advantage: str = "gae"
     keep_checkpoints: int = 2
     model_name: str = "policy"  # key of weight announcements; actors filter on it
     seen_ids_limit: int = 200_000  # episode ids remembered for dedupe (kept in checkpoints)
@@ -275,6 +281,12 @@ class ClusterConfig:
     compile_workers: int = 1
     eval_workers: int = 0  # 0 = one per device (one for the CPU backend)
     task_dir: str = ""  # default: the built-in task set
+    # Held-out task files (`kernelrl bench learning`): fed beside task_dir's, rolled out by the same actors with
+    # the current policy, never trained on (metadata.heldout; learner/data.py) and never demonstrated
+    heldout_task_dir: str = ""
+    # Seconds the actors go on sampling after the learner's last step (the final version's episodes, for the
+    # learning curve; `kernelrl bench learning`). 0 = the run ends with the learner
+    tail_s: float = 0.0
     max_steps: int = 2
     duration_s: float = 0.0
     report_path: str = "kernelrl-report.json"
@@ -318,12 +330,13 @@ _CHOICES = {
     "sandbox.isolation": {"bwrap", "none"},
     "sandbox.enforce_timing_claims": {"cuda", "all", "none"},
     "actor.policy": {"vllm", "scripted", "openai"},
-    "actor.episode_mode": {"multi_turn", "single_turn"},
+    "actor.episode_mode": {"multi_turn", "single_turn", "by_stage"},
     "actor.reward_from": {"final", "best"},
     "learner.stage": {"warmup", "rft", "critic", "ppo"},
     "actor.final_eval_mode": {"both", "verify"},
     "learner.dtype": {"fp32", "bf16"},
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
+    "learner.advantage": {"gae", "rloo"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
     "learner.weight_layout": {"files", "buckets"},
@@ -505,6 +518,18 @@ def load(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] 
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         set_value(cfg, name.strip(), raw.strip())
     return validate(cfg)
+
+
+def episode_mode_at(cfg: Config, learner_steps_done: int) -> str:
+    """The episode mode (single_turn | multi_turn) of an episode that starts once the learner has finished
+    ``learner_steps_done`` steps: ``actor.episode_mode`` itself, or with ``by_stage`` the mode of the stage the
+    learner's next step runs (warm-up is single-turn PPO; the other stages are multi-turn)."""
+    mode = cfg.actor.episode_mode
+    if mode != "by_stage":
+        return mode
+    from learner.stages import Schedule  # pure Python, like validate's
+
+    return "single_turn" if Schedule.from_config(cfg.learner).at(learner_steps_done).stage == "warmup" else "multi_turn"
 
 
 def cache_path(cfg: Config, *parts: str) -> Path:

@@ -63,6 +63,21 @@ def load_task_files(folder: str | Path, backend: str = "cpu") -> list[Task]:
     return tasks
 
 
+def load_heldout_tasks(folder: str | Path, train: list[Task], backend: str = "cpu") -> list[Task]:
+    """Held-out task files: marked ``metadata.heldout`` (the actor copies it into the trajectory, the learner
+    drops such episodes, the report counts them apart) and stripped of any solution, so they are never
+    demonstrated. A name shared with a training task is refused (its episodes could not be told apart)."""
+    from cluster.errors import InputError
+
+    tasks = load_task_files(folder, backend=backend)
+    clash = sorted({t.name for t in tasks} & {t.name for t in train})
+    if clash:
+        raise InputError(f"held-out tasks {clash} in {str(folder)!r} have the names of training tasks")
+    for t in tasks:
+        t.metadata = {"heldout": True}
+    return tasks
+
+
 class FeederFailed(KernelRLError):
     """The feeder hit an error no retry can fix (a task larger than the broker takes, no authorization)."""
 

@@ -110,22 +110,42 @@ def learning_curve(trajectories: list, steps: list) -> dict:
     and which stage made each version: the evidence that the loop learns.
 
     Own episodes are trainable ones (the engine's own tokens) that are not demonstrations; an episode
-    counts for the version it started with. Undetermined rewards are left out."""
+    counts for the version it started with. Undetermined rewards are left out. Episodes of held-out tasks
+    (``metadata.heldout``, never trained on) are counted apart, in ``heldout_by_version``; ``by_step`` is
+    each learner step's trained episodes (count, mean reward) and when its record was written."""
     by_version: dict[int, list[float]] = {}
+    heldout: dict[int, list[float]] = {}
     demos = [t for t in trajectories if t.metadata.get("demonstration")]
+    modes: dict[tuple, set[str]] = {}  # (held out, version) -> the episode modes sampled (episode_mode by_stage)
     for t in trajectories:
         meta = t.metadata
         if meta.get("demonstration") or not meta.get("trainable", True) or t.reward_status == REWARD_UNDETERMINED:
             continue
-        by_version.setdefault(int(meta.get("version_start", 0)), []).append(float(t.reward))
+        into = heldout if meta.get("heldout") else by_version
+        into.setdefault(int(meta.get("version_start", 0)), []).append(float(t.reward))
+        modes.setdefault((into is heldout, int(meta.get("version_start", 0))), set()).add(t.mode)
     made_by = {}  # version -> the stage of the step that published it
     for st in sorted(steps, key=lambda s: s.step):
         made_by.setdefault(st.policy_version, st.stage)
-    rows = [{"version": v, "stage": made_by.get(v, "initial" if v == 0 else ""), "episodes": len(rs),
-             "pass_rate": sum(r > 0 for r in rs) / len(rs), "mean_reward": sum(rs) / len(rs)}
-            for v, rs in sorted(by_version.items())]
-    return {"by_version": rows, "demonstrations": len(demos),
-            "demonstrations_passed": sum(1 for t in demos if t.reward > 0)}
+
+    def rows(by: dict[int, list[float]]) -> list[dict]:
+        held = by is heldout
+        return [{"version": v, "stage": made_by.get(v, "initial" if v == 0 else ""), "episodes": len(rs),
+                 "pass_rate": sum(r > 0 for r in rs) / len(rs), "mean_reward": sum(rs) / len(rs),
+                 "modes": sorted(modes.get((held, v), ()))}
+                for v, rs in sorted(by.items())]
+
+    reward = {t.episode_id: float(t.reward) for t in trajectories if t.reward_status != REWARD_UNDETERMINED}
+    held_ids = {t.episode_id for t in trajectories if t.metadata.get("heldout")}
+    by_step = []
+    for st in sorted(steps, key=lambda s: s.step):
+        rs = [reward[e] for e in st.episode_ids if e in reward]
+        by_step.append({"step": st.step, "stage": st.stage, "policy_version": st.policy_version,
+                        "episodes": len(st.episode_ids), "mean_reward": sum(rs) / len(rs) if rs else None,
+                        "created_ms": st.created_ms})
+    return {"by_version": rows(by_version), "heldout_by_version": rows(heldout), "by_step": by_step,
+            "demonstrations": len(demos), "demonstrations_passed": sum(1 for t in demos if t.reward > 0),
+            "heldout_trained": sum(1 for st in steps for e in st.episode_ids if e in held_ids)}
 
 
 def pass_rate(rows: list[dict], first: int = 0, last: int = 0) -> tuple[float, int]:
@@ -197,20 +217,29 @@ def plot(report: dict, out_prefix: Path) -> list[str]:
     rows = report.get("learning", {}).get("by_version", [])
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        for stage in dict.fromkeys(r["stage"] for r in rows):
-            pts = [(r["version"], r["pass_rate"]) for r in rows if r["stage"] == stage]
-            ax.plot([v for v, _ in pts], [p for _, p in pts], marker="o", linestyle="-", label=stage or "?")
-        ax.set_ylim(-0.05, 1.05)
-        ax.set_xlabel("policy version the episode was sampled with")
-        ax.set_ylabel("pass rate (reward > 0)")
-        ax.set_title("the policy's own episodes")
-        ax.legend(title="version made by")
+        plot_pass_rate(ax, rows, report.get("learning", {}).get("heldout_by_version", []))
         fig.tight_layout()
         p = f"{out_prefix}-learning.png"
         fig.savefig(p, dpi=100)
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+def plot_pass_rate(ax, rows: list[dict], heldout: list[dict] = ()) -> None:
+    """Pass rate per policy version on a matplotlib axis: one line per stage that made the versions, and the
+    held-out tasks' episodes (never trained on) dashed (the report's PNG and `kernelrl bench learning`'s)."""
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        pts = [(r["version"], r["pass_rate"]) for r in rows if r["stage"] == stage]
+        ax.plot([v for v, _ in pts], [p for _, p in pts], marker="o", linestyle="-", label=stage or "?")
+    if heldout:
+        ax.plot([r["version"] for r in heldout], [r["pass_rate"] for r in heldout], marker="s", linestyle="--",
+                color="black", label="held-out tasks")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("policy version the episode was sampled with")
+    ax.set_ylabel("pass rate (reward > 0)")
+    ax.set_title("the policy's own episodes")
+    ax.legend(title="version made by", fontsize="small")
 
 
 def write(report: dict, path: str | Path) -> dict:

@@ -221,9 +221,20 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
     bus = Bus(child, client_id="kernelrl-up")
     bus.ensure_topics()
     tasks = load_task_files(child.cluster.task_dir or _builtin_tasks(), backend=child.sandbox.backend)
+    if child.cluster.heldout_task_dir:
+        from cluster.feeder import load_heldout_tasks
+
+        tasks += load_heldout_tasks(child.cluster.heldout_task_dir, tasks, backend=child.sandbox.backend)
     for t in tasks:  # read by scripted actors only: real tool traffic through the workers
         t.metadata["scripted_turns"] = list(DEMO_SCRIPT)
-    feeder = run["feeder"] = Feeder(bus, tasks, _gates(bus, child)).start()
+    gates = _gates(bus, child)
+    held = sum(1 for t in tasks if t.metadata.get("heldout"))
+    if held:  # held-out episodes fill the learner's backlog but are never trained: widen its gate by their share
+        from schemas import topics
+
+        gates = [(g, tp, -(-limit * len(tasks) // (len(tasks) - held)) if tp == topics.TRAJECTORIES else limit)
+                 for g, tp, limit in gates]
+    feeder = run["feeder"] = Feeder(bus, tasks, gates).start()
     # The written config is fully resolved (env and --set included): children must not
     # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
@@ -341,11 +352,17 @@ def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos: _Chaos
     """Poll roles until the learner finishes, the duration passes or a signal arrives."""
     started = time.time()
     snaps: dict[str, dict] = {}
+    tail_end = 0.0  # cluster.tail_s: the actors go on sampling with the final version after the learner ends
     while not stop.event.is_set():
         broker_watch.check()  # a dead embedded broker is restarted before anything else is asked of it
         feeder.check()  # a feeder stopped by an error no retry fixes ends the run with its reason
-        finished = sup.poll()
+        finished = sup.poll() if not tail_end else []
         if "learner" in finished:
+            if cfg.cluster.tail_s <= 0:
+                break
+            tail_end = time.time() + cfg.cluster.tail_s
+            log.info("learner finished; the actors sample the final version for %.0f s more", cfg.cluster.tail_s)
+        if tail_end and time.time() >= tail_end:
             break
         if cfg.cluster.duration_s and time.time() - started > cfg.cluster.duration_s:
             stop.reason = f"duration {cfg.cluster.duration_s:.0f}s"

@@ -10,7 +10,9 @@ in-memory copy of the same number of bytes.
 
 Extra arguments after `bench learner`, as words: model=tiny|random-0.5b|PATH,
 batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs|nccl (nccl: export plus
-one receiver's fetch).
+one receiver's fetch). With trajectories=DIR stages=rft:2,ppo:4 it instead runs the learner's stage schedule
+on recorded trajectories (learner/bench_replay.py: the learner part of `bench learning`), publishes=0 skips
+the publish part.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ def _options(rest: list[str]):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--publishes", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "kafka", "fs", "nccl"])
+    p.add_argument("--trajectories", default="", help="a `kernelrl replay --to-dir` folder: train on it instead")
+    p.add_argument("--stages", default="rft:2,ppo:4", help="with trajectories=: the stage schedule")
     flat: list[str] = []
     for tok in rest:  # `kernelrl bench learner steps=3 model=random-0.5b` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -264,16 +268,33 @@ def run_bench(args, cfg) -> dict:
             from cluster.model_import import resolve_model_path
 
             model_path = resolve_model_path(cfg, o.model)  # a folder, or a built-in such as "smollm2"
-        train = _bench_training(cfg, model_path, o)
+        if o.trajectories:
+            from learner import bench_replay
+
+            train = bench_replay.run(cfg, model_path, o.trajectories, o.stages, o.batch)
+        else:
+            train = _bench_training(cfg, model_path, o)
         trainer = train.pop("trainer")
         n_params = sum(p.numel() for p in trainer.policy_module().parameters())
-        pub = _bench_publish(cfg, trainer, model_path, o, tmp)
+        pub = _bench_publish(cfg, trainer, model_path, o, tmp) if o.publishes > 0 else {}
     out = {"model": o.model, "params": n_params, "device": "cuda" if eng.on_gpu() else "cpu",
            "dtype": cfg.learner.dtype, "zero_stage": cfg.learner.zero_stage, "batch": o.batch, "seq": o.seq,
            "steps": o.steps, **train, **pub}
-    out["ppo_vs_plain"] = out["ppo_tok_s"] / out["plain_tok_s"]
-    out["publish_vs_memcpy"] = out["publish_gb_s"] / out["memcpy_gb_s"]
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+    if "plain_tok_s" in out:
+        out["ppo_vs_plain"] = out["ppo_tok_s"] / out["plain_tok_s"]
+    if pub:
+        out["publish_vs_memcpy"] = out["publish_gb_s"] / out["memcpy_gb_s"]
+    return _rounded(out)
+
+
+def _rounded(v):
+    if isinstance(v, float):
+        return round(v, 4)
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ class Sample:
     partition: int = -1
     offset: int = -1
     flags: dict = field(default_factory=dict)
+    task_id: str = ""  # the leave-one-out baseline (learner.advantage = "rloo") groups samples by task
 
     @property
     def num_tokens(self) -> int:
@@ -66,15 +67,19 @@ def from_trajectory(traj, partition: int = -1, offset: int = -1, vocab_size: int
         "repeated": any(t.repeated_action for t in traj.turns),
         "has_logprobs": bool(traj.has_logprobs),
         "mode": traj.mode,
+        # an episode of a held-out task (`kernelrl bench learning`): its pass rate is measured, never trained on
+        "heldout": bool((traj.metadata or {}).get("heldout")),
     }
     return Sample(episode_id=traj.episode_id, token_ids=np.asarray(traj.token_ids, dtype=np.int64),
                   logprobs=np.array(traj.logprobs, dtype=np.float32), loss_mask=mask,
                   reward=float(traj.reward), min_version=int(gen_versions.min()), partition=partition,
-                  offset=offset, flags=flags)
+                  offset=offset, flags=flags, task_id=str(traj.task_id or ""))
 
 
 def stage_rejects(sample: Sample, stage: str) -> str:
     """Why a stage does not train on this sample ('' = it does)."""
+    if sample.flags.get("heldout"):
+        return "heldout"  # no stage trains on a held-out task's episode
     if stage == "rft":
         if sample.reward <= 0:
             return "rft_reward"

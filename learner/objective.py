@@ -60,6 +60,25 @@ def gae(reward: float, values: torch.Tensor, mask: torch.Tensor, gamma: float = 
     return adv.to(values.dtype), returns.to(values.dtype)
 
 
+def leave_one_out_baselines(samples) -> dict[str, float]:
+    """Per episode id, the mean reward of the other episodes of its task among ``samples`` (objects with
+    ``episode_id``, ``task_id`` and ``reward``); episodes alone for their task get none. With this baseline the
+    advantages of one task's episodes sum to zero, so tokens that all its episodes share (the prompt's answer
+    up to where they differ) get no net push, whichever way the batch's rewards fell; a critic that lags a
+    rising pass rate instead pushes a rare failure's shared prefix down (docs/learning.md)."""
+    by_task: dict[str, list] = {}
+    for s in samples:
+        by_task.setdefault(s.task_id, []).append(s)
+    out = {}
+    for group in by_task.values():
+        if len(group) < 2:
+            continue
+        total = sum(float(s.reward) for s in group)
+        for s in group:
+            out[s.episode_id] = (total - float(s.reward)) / (len(group) - 1)
+    return out
+
+
 def importance_weights(logp_prox: torch.Tensor, logp_mu: torch.Tensor, p: PPOParams) -> torch.Tensor:
     """Per-token behaviour correction w (no grad), per the mode's rule above."""
     if p.mode == "none":

@@ -127,7 +127,12 @@ class LearnerRole:
             deadline = time.monotonic() + wait_s
             while not stop.is_set():
                 self._fill(n, deadline, stop)
+                before = dict(self.ingest.positions)
                 samples = self.ingest.take(n, self.version)
+                if not samples and self.ingest.positions != before and self.consumer is not None:
+                    # records dropped without a step (stale ones): their lag must fall now, or the task feeder's
+                    # gate, which reads it, stays shut and no fresh episode ever comes (a deadlock)
+                    self._commit_group()
                 self._count_undetermined()
                 if samples or time.monotonic() >= deadline:
                     break

@@ -17,7 +17,7 @@ import torch
 from learner import engine as eng
 from learner.data import MicroBatch, Sample, collate, empty_like_batch, pack
 from learner.models import Critic, load_critic, load_policy, token_logprobs
-from learner.objective import PPOParams, gae, ppo_policy_loss, sft_loss, value_loss
+from learner.objective import PPOParams, gae, leave_one_out_baselines, ppo_policy_loss, sft_loss, value_loss
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,10 @@ class Trainer:
         return self.critic(mb.input_ids, mb.attention_mask).float()
 
     @torch.no_grad()
-    def _prepare(self, mb: MicroBatch, need_prox: bool, need_values: bool) -> dict:
-        """Proximal log-probs, old values, advantages and returns of one micro-batch (no grad)."""
+    def _prepare(self, mb: MicroBatch, need_prox: bool, need_values: bool, baselines: dict | None = None) -> dict:
+        """Proximal log-probs, old values, advantages and returns of one micro-batch (no grad). ``baselines``
+        (episode id -> leave-one-out mean reward): those episodes' advantages are reward - baseline on every
+        generated token instead of GAE's; returns (the critic's targets) stay GAE's."""
         self.policy.eval()
         self.critic.eval()
         out: dict = {}
@@ -86,6 +88,9 @@ class Trainer:
                 a, r = gae(float(mb.reward[i]), values[i].cpu(), mb.loss_mask[i].cpu(),
                            self.cfg.learner.gamma, self.cfg.learner.lam)
                 adv[i], ret[i] = a.to(values.device), r.to(values.device)
+                base = (baselines or {}).get(mb.episode_ids[i]) if i < len(mb.episode_ids) else None
+                if base is not None:
+                    adv[i] = (float(mb.reward[i]) - base) * mb.loss_mask[i]
             out.update(old_values=values, adv=adv, returns=ret)
         return out
 
@@ -109,12 +114,13 @@ class Trainer:
         t0 = time.perf_counter()
         mine, pads = self._local_batches(samples)
         batches = [b.to(self.device) for b in mine + pads]
+        baselines = leave_one_out_baselines(samples) if self.cfg.learner.advantage == "rloo" else {}
         if self.stage == "rft":
             metrics = self._sft(batches)
         elif self.stage == "critic":
             metrics = self._ppo(batches, train_policy=False)
         else:
-            metrics = self._ppo(batches, train_policy=True)
+            metrics = self._ppo(batches, train_policy=True, baselines=baselines)
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
         metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
         return metrics
@@ -136,11 +142,12 @@ class Trainer:
             self.policy.step()
         return self._finish(acc, ("entropy",))
 
-    def _ppo(self, batches: list[MicroBatch], train_policy: bool) -> dict:
+    def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None) -> dict:
         lc = self.cfg.learner
         need_prox = train_policy and self.params.mode != "none"
-        prepared = [self._prepare(mb, need_prox, need_values=True) for mb in batches]
-        if lc.whiten_advantages and train_policy:
+        baselines = baselines if train_policy else {}
+        prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines) for mb in batches]
+        if lc.whiten_advantages and train_policy and not baselines:  # a leave-one-out baseline centres already
             self._whiten(prepared, batches)
         norm = self._global_tokens(batches) / self.world
         acc = defaultdict(float)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 
-from learner.objective import PPOParams, gae, importance_weights, ppo_policy_loss, value_loss
+from learner.objective import PPOParams, gae, importance_weights, leave_one_out_baselines, ppo_policy_loss, value_loss
 
 # pi_prox / mu = [1.5, 0.4, 3.0, 1.0]
 PROX = torch.log(torch.tensor([0.6, 0.2, 0.9, 0.1]))
@@ -76,3 +77,15 @@ def test_clipped_value_loss_hand_worked():
     assert loss.item() == pytest.approx(0.5)
     assert st["value_clip_frac"].item() == pytest.approx(0.5)
     assert st["value_err"].item() == pytest.approx(1.0)
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_other_episodes_of_the_task():
+    s = types.SimpleNamespace
+    samples = [s(episode_id="a", task_id="t", reward=1.0), s(episode_id="b", task_id="t", reward=1.0),
+               s(episode_id="c", task_id="t", reward=-1.0), s(episode_id="d", task_id="u", reward=1.0)]
+    base = leave_one_out_baselines(samples)
+    assert base == {"a": 0.0, "b": 0.0, "c": 1.0}  # "d" is alone for its task: no baseline (GAE's instead)
+    advantages = [x.reward - base[x.episode_id] for x in samples[:3]]
+    assert advantages == [1.0, 1.0, -2.0] and sum(advantages) == 0.0  # one task's advantages cancel out
+    everyone_passed = [s(episode_id=str(i), task_id="t", reward=1.0) for i in range(4)]
+    assert all(1.0 - b == 0.0 for b in leave_one_out_baselines(everyone_passed).values())

@@ -85,3 +85,19 @@ def test_rft_then_ppo_on_the_real_loop_learn_from_the_oracle(cfg, tiny_model, tm
     cov = [c["reward_logp_cov"] for c in ppo_steps]
     toward, away = [c for c in cov if c > 1e-6], [c for c in cov if c < -1e-6]
     assert len(toward) >= 2 and len(toward) > 2 * len(away), cov
+
+
+@pytest.mark.timeout(1200)
+def test_episode_mode_follows_the_stage_without_a_restart(cfg, tiny_model, tmp_path):
+    """`actor.episode_mode = by_stage`: the actor samples single-turn episodes while the learner's next step is
+    the warm-up (the recipe's stage 1), and multi-turn ones once it has applied the version the warm-up made,
+    in one `up` run. A staleness bound of 0 makes the PPO step wait for episodes of the newest version (and
+    makes the warm-up's leftover episodes stale: the learner must release them, or the task feeder's gate on
+    the trajectory backlog stays shut and the run deadlocks, as it did before learner/role.py committed them)."""
+    rep = run_learning(cfg, tiny_model, tmp_path / "report.json", stages="warmup:1,ppo:1",
+                       extra=["--set", "actor.episode_mode=by_stage", "--set", "learner.max_staleness=0",
+                              "--set", "learner.batch_trajectories=2", "--set", "actor.max_turns=2"])
+    assert [c["stage"] for c in rep["learner_curve"]] == ["warmup", "ppo"], rep["learner_curve"]
+    modes = {r["version"]: r["modes"] for r in rep["learning"]["by_version"]}
+    assert modes.get(0) == ["single_turn"], modes
+    assert modes.get(1) == ["multi_turn"], modes

@@ -1,0 +1,7 @@
+#include <cstdint>
+#include "krl_abi.h"
+
+extern "C" void relu_f32(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+KRL_OP(relu_f32, "const f32* x, f32* y, i64 n")
