@@ -45,7 +45,7 @@ def default_actor_id() -> str:
 class Actor:
     def __init__(self, cfg: Any, policy: Any, *, actor_id: str | None = None, bus: Any = None,
                  request_client: Any = None, evaluation: bool = False):
-        from cluster.bus import AsyncRequestClient, Bus
+        from cluster.bus.client import AsyncRequestClient, Bus
         from cluster.config import cache_path, run_cache_path
 
         self.cfg, self.policy = cfg, policy
@@ -189,7 +189,7 @@ class Actor:
 
     async def _refuse(self, rec: Any, consumer: Any, why: str) -> None:
         """Dead-letter a task with the reason, then commit past it as if its episode had finished."""
-        from cluster.bus_serve import dead_letter_record
+        from cluster.bus.serve import dead_letter_record
 
         loop = asyncio.get_running_loop()
         self.stats["refused"] += 1

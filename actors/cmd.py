@@ -15,10 +15,10 @@ def add_arguments(p) -> None:
 
 def resolve_model(cfg, explicit: str = "") -> str:
     if explicit or cfg.actor.model_path:
-        from cluster.model_import import resolve_model_path  # a named built-in ("smollm2", "tiny") -> its folder
+        from cluster.models.importer import resolve_model_path  # a named built-in ("smollm2", "tiny") -> its folder
 
         return resolve_model_path(cfg, explicit or cfg.actor.model_path)
-    from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
+    from cluster.models.tiny import build_tiny_model, default_tiny_model_dir
 
     return build_tiny_model(default_tiny_model_dir(cfg))
 

@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
 
 
 def run(args, cfg) -> int:
-    from actors.tasks.metrics import plot, report, table
+    from cluster.tasks.metrics import plot, report, table
 
     backend = args.backend or cfg.sandbox.backend
     entries, resolved, shrunk = _prepare(args, cfg, backend)
@@ -64,8 +64,8 @@ def run(args, cfg) -> int:
 
 def _prepare(args, cfg, backend: str):
     """The tasks to run, their solutions (looked up before any shrinking) and the shapes shrunk."""
-    from actors.tasks.dataset import load_tasks
-    from actors.tasks.evaluate import find_solution
+    from cluster.tasks.dataset import load_tasks
+    from cluster.tasks.evaluate import find_solution
     from cluster.errors import KernelRLError
 
     entries = load_tasks(args.tasks, backend=args.task_backend or backend, level=args.level, default_backend=backend)
@@ -85,7 +85,7 @@ def _prepare(args, cfg, backend: str):
         raise KernelRLError("no tasks to evaluate")
     shrunk = {}
     if args.shrink_inputs > 0:
-        from actors.tasks.shrink import shrink_task
+        from cluster.tasks.shrink import shrink_task
 
         for e in entries:
             e.model_py, changes = shrink_task(e.model_py, args.shrink_inputs)
@@ -124,7 +124,7 @@ class Progress:
 
 
 def _results(args, cfg, entries, backend, progress, resolved):
-    from actors.tasks.evaluate import BusSolutions, LocalSolutions, run_episodes, run_solutions
+    from cluster.tasks.evaluate import BusSolutions, LocalSolutions, run_episodes, run_solutions
 
     if args.policy != "solutions":
         import asyncio

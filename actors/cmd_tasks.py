@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-BUILTIN = Path(__file__).resolve().parent / "tasks" / "builtin"
+BUILTIN = Path(__file__).resolve().parents[1] / "cluster" / "tasks" / "builtin"
 
 
 def add_arguments(p) -> None:
@@ -68,8 +68,8 @@ def _task_dir(args, cfg) -> Path:
 
 
 def _synthesize(args, cfg) -> int:
-    from actors.tasks.filter import FilterConfig
-    from actors.tasks.pipeline import CUDA_AGENT_MIX, SynthConfig, parse_mix, synthesize
+    from cluster.tasks.filter import FilterConfig
+    from cluster.tasks.pipeline import CUDA_AGENT_MIX, SynthConfig, parse_mix, synthesize
     from cluster.errors import KernelRLError
 
     if args.n <= 0:
@@ -80,7 +80,7 @@ def _synthesize(args, cfg) -> int:
         raise KernelRLError(str(exc)) from None
     llm = None
     if args.llm_share > 0:
-        from actors.tasks.llm import LLMComposer
+        from cluster.tasks.llm import LLMComposer
         llm = LLMComposer.from_config(cfg)
     fcfg = FilterConfig(backend=args.backend, min_ms=args.min_ms, max_ms=args.max_ms,
                         check_compile=not args.no_compile_check, atol=cfg.sandbox.atol, rtol=cfg.sandbox.rtol)
@@ -106,12 +106,12 @@ def _bus_checker(args, cfg):
     """With --via bus: a filter that runs on the evaluation workers (they must be running)."""
     if args.via != "bus":
         return None
-    from actors.tasks.filter_bus import BusFilter
+    from cluster.tasks.filter_bus import BusFilter
     return BusFilter(cfg, concurrency=args.workers)
 
 
 def _import(args, cfg) -> int:
-    from actors.tasks.dataset import import_dir
+    from cluster.tasks.dataset import import_dir
 
     levels = [int(x) for x in args.levels.split(",") if x.strip()] if args.levels else None
     entries = import_dir(args.src, args.out, backend=args.backend, levels=levels)
@@ -120,9 +120,9 @@ def _import(args, cfg) -> int:
 
 
 def _verify(args, cfg) -> int:
-    from actors.tasks.dataset import load_tasks, write_index
-    from actors.tasks.filter import FilterConfig
-    from actors.tasks.filter_runner import filter_sources
+    from cluster.tasks.dataset import load_tasks, write_index
+    from cluster.tasks.filter import FilterConfig
+    from cluster.tasks.filter_runner import filter_sources
 
     backend = args.backend or cfg.sandbox.backend
     folder = _task_dir(args, cfg)
@@ -164,7 +164,7 @@ def _record_verdict(entry, verdict, backend: str, compiled: bool) -> None:
 
 
 def _list(args, cfg) -> int:
-    from actors.tasks.dataset import load_tasks
+    from cluster.tasks.dataset import load_tasks
 
     for e in load_tasks(_task_dir(args, cfg), backend=args.backend, include_rejected=True):
         rej = e.metadata.get("rejected")
@@ -174,8 +174,8 @@ def _list(args, cfg) -> int:
 
 
 def _publish(args, cfg) -> int:
-    from actors.tasks.dataset import load_tasks
-    from cluster.bus import Bus
+    from cluster.tasks.dataset import load_tasks
+    from cluster.bus.client import Bus
     from schemas import topics
 
     backend = args.backend or cfg.sandbox.backend

@@ -1,6 +1,6 @@
 """Demonstrations: episodes that replay a task's known solution, scored by the real oracle, for RFT.
 
-A task with a solution (``<task>.solution/`` beside its file, see cluster/feeder.py) can be replayed by
+A task with a solution (``<task>.solution/`` beside its file, see cluster/launch/feeder.py) can be replayed by
 the scripted policy: single-turn as one reply holding every file as a fenced block, multi-turn as
 ``write`` calls, then compile, verify and finish. Each replay is a real episode: its files go through
 the compile and evaluation workers over the bus and its reward is the oracle's, never assumed. The

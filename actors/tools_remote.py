@@ -53,7 +53,7 @@ class InfraFault:
 
 @dataclass
 class RemoteTools:
-    client: Any  # cluster.bus.AsyncRequestClient (or anything with `await request(topic, msg, ...)`)
+    client: Any  # cluster.bus.client.AsyncRequestClient (or anything with `await request(topic, msg, ...)`)
     task: Task
     episode_id: str
     workspace: Workspace
@@ -82,7 +82,7 @@ class RemoteTools:
 
     async def _request(self, topic: str, msg: Any) -> tuple[Any, str, str]:
         """(reply, error text, fault): reply is None when the call failed; fault is the reply's or FAULT_INFRA."""
-        from cluster.bus import RequestTimeout
+        from cluster.bus.client import RequestTimeout
 
         what = type(msg).__name__
         for attempt in range(self.infra_retries + 1):

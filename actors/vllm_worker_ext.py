@@ -8,7 +8,7 @@ ones. ``krl_reload`` re-ties the head to the new embedding and re-runs its
 post-load processing, so every weight really is the new version's. Loaded into
 the engine's worker by ``worker_extension_cls``; called through collective_rpc.
 
-In-memory versions (cluster.weights_buckets): ``krl_stage`` takes one verified bucket at a time while the
+In-memory versions (cluster.weights.buckets): ``krl_stage`` takes one verified bucket at a time while the
 engine keeps generating, parsed into tensors and held aside; ``krl_apply`` (inside the policy's pause) loads
 a complete staged version with the model's own ``load_weights`` (vLLM's in-place reload fed an iterator, no
 file); ``krl_drop`` forgets a staged version. Nothing of a version touches the model before it is complete.
@@ -46,7 +46,7 @@ class KrlWorkerExtension:
 
     def krl_stage(self, key: str, index: int, data: bytes) -> int:
         """Hold bucket ``index`` of version ``key`` (checked by the caller) as tensors; returns buckets held."""
-        from cluster.weights_buckets import tensors_of
+        from cluster.weights.buckets import tensors_of
 
         staged = self._krl_staging()
         for other in [k for k in staged if k != key]:  # a newer version replaces an abandoned one

@@ -2,8 +2,8 @@
 
 Every actor reads all announcements (its own consumer group, from the start),
 so a fresh actor catches up to the newest version at once. A version is applied
-only after ``cluster.weights_transport.receive`` has assembled and checked it (a
-"buckets" version: after every bucket, received into memory by cluster.weights_buckets and
+only after ``cluster.weights.transport.receive`` has assembled and checked it (a
+"buckets" version: after every bucket, received into memory by cluster.weights.buckets and
 checked, is staged in the engine, then all are loaded inside one pause, with no file written
 or read); a corrupt or missing version is skipped with an error and the old weights keep
 serving. Episodes waiting on tools are untouched: the swap only pauses the
@@ -37,7 +37,7 @@ RECEIVE_ATTEMPTS = 3
 class WeightFollower:
     def __init__(self, bus: Any, cfg: Any, policy: Any, actor_id: str, dest_root: Path,
                  executor: Any = None):
-        from cluster.weights_transport import VersionGate
+        from cluster.weights.transport import VersionGate
 
         self.bus, self.cfg, self.policy, self.actor_id = bus, cfg, policy, actor_id
         self.dest_root = Path(dest_root)
@@ -95,7 +95,7 @@ class WeightFollower:
         """Assemble + verify; a stale folder of the same version (an earlier run's) is replaced once."""
         import shutil
 
-        from cluster.weights_transport import WeightsCorrupt, receive, version_dir
+        from cluster.weights.transport import WeightsCorrupt, receive, version_dir
 
         stop = self._stop
         cancelled = (lambda: stop.is_set()) if stop is not None else None
@@ -121,8 +121,8 @@ class WeightFollower:
     async def _stage(self, ann: WeightAnnouncement) -> str:
         """In-memory version: each verified bucket goes straight to the engine's staging (no file); a version
         that fails part-way is dropped there, and the engine never saw any of it."""
-        from cluster.weights_buckets import receive_pipelined
-        from cluster.weights_transport import WeightsCorrupt
+        from cluster.weights.buckets import receive_pipelined
+        from cluster.weights.transport import WeightsCorrupt
 
         if not hasattr(self.policy, "stage_bucket"):
             raise WeightsCorrupt(f"weights v{ann.version}: this policy cannot load an in-memory version")
@@ -179,7 +179,7 @@ class WeightFollower:
 
     def _letter(self, rec: Any, why: str) -> None:
         """A version given up is dead-lettered (by each actor that gave it up), unless the role is stopping."""
-        from cluster.bus_serve import dead_letter_record
+        from cluster.bus.serve import dead_letter_record
 
         if self._stop is not None and self._stop.is_set():
             return

@@ -1,6 +1,6 @@
 """`kernelrl bench bus|compile|actor|learner|weights|learning`: benchmarks printing ratios vs same-run baselines.
 
-`bench bus` lives in cluster/bench_bus.py; the others are owned by their roles and
+`bench bus` lives in cluster/bus/bench.py; the others are owned by their roles and
 dispatched to ``<module>.run_bench(args, cfg) -> dict`` (imported only when asked).
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from cluster.errors import SetupError
 from cluster.json_stdout import emit
 
 TARGETS = {
-    "bus": "cluster.bench_bus",
+    "bus": "cluster.bus.bench",
     "compile": "sandbox_workers.bench_compile",
     "actor": "actors.bench",
     "learner": "learner.bench",
-    "weights": "cluster.bench_weights",
-    "learning": "cluster.bench_learning",
+    "weights": "cluster.weights.bench",
+    "learning": "cluster.launch.bench_learning",
 }
 
 

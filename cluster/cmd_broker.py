@@ -23,14 +23,14 @@ def _show(args, data: dict, line: str) -> None:
 
 
 def run(args, cfg) -> int:
-    from cluster import broker
+    from cluster.broker import embedded as broker
 
     if args.action == "fetch":
         libs = broker.fetch(cfg)
         data = {"libs": str(libs), "version": cfg.broker.kafka_version}
         line = f"Kafka {cfg.broker.kafka_version} jars in {libs}"
         if getattr(args, "mirror", False):
-            from cluster.broker_fetch import fetch_mirror
+            from cluster.broker.fetch import fetch_mirror
 
             data["mirror_libs"] = str(fetch_mirror(cfg))
             line += f"; MirrorMaker 2 jars in {data['mirror_libs']}"
@@ -66,7 +66,7 @@ def run(args, cfg) -> int:
 
 
 def _cluster(args, cfg) -> int:
-    from cluster import broker_cluster
+    from cluster.broker import nodes as broker_cluster
 
     if args.action == "fetch":
         args.nodes = 1

@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 
 def run(args, cfg) -> int:
     from cluster.errors import InputError
-    from cluster.model_import import BUILTINS, default_model_dir, import_model
+    from cluster.models.importer import BUILTINS, default_model_dir, import_model
 
     builtin = BUILTINS.get(args.name.lower())
     if builtin is None:

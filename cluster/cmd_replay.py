@@ -26,9 +26,9 @@ def add_arguments(p) -> None:
 
 
 def run(args, cfg) -> int:
-    from cluster.bus import Bus
-    from cluster.replay import DirSink, Selection, TopicSink, parse_offsets, parse_time, replay
-    from cluster.topics_admin import create_copy
+    from cluster.bus.client import Bus
+    from cluster.bus.replay import DirSink, Selection, TopicSink, parse_offsets, parse_time, replay
+    from cluster.bus.topics_admin import create_copy
 
     sel = Selection(topic=args.topic, from_offset=parse_offsets(args.from_offset), to_offset=parse_offsets(args.to_offset),
                     since_ms=parse_time(args.since) if args.since else None,

@@ -10,7 +10,7 @@ def add_arguments(p) -> None:
 
 
 def run(args, cfg) -> int:
-    from cluster import topics_admin
+    from cluster.bus import topics_admin
 
     if args.action == "create":
         result = topics_admin.create_all(cfg)

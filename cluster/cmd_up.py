@@ -34,10 +34,10 @@ def run(args, cfg) -> int:
 
     from cluster.config import set_value, validate
     from cluster.errors import InputError
-    from cluster.run_loop import run_cluster
+    from cluster.launch.run_loop import run_cluster
 
     if args.tasks is not None:
-        from cluster.feeder import load_task_files
+        from cluster.launch.feeder import load_task_files
 
         if not Path(args.tasks).is_dir():
             raise InputError(f"--tasks {args.tasks!r}: no such folder (it holds the task files to train on)")

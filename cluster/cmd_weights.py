@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def announcements(bus, model_name: str) -> list:
-    from cluster.bus_scan import read_topic
+    from cluster.bus.scan import read_topic
     from schemas import WeightAnnouncement, topics
 
     return [r.msg for r in read_topic(bus, topics.WEIGHTS)
@@ -29,8 +29,8 @@ def announcements(bus, model_name: str) -> list:
 
 
 def run(args, cfg) -> int:
-    from cluster import weights_transport as wt
-    from cluster.bus import Bus
+    from cluster.weights import transport as wt
+    from cluster.bus.client import Bus
     from cluster.config import run_cache_path
     from cluster.errors import InputError, KernelRLError
 
@@ -56,14 +56,14 @@ def run(args, cfg) -> int:
         producer, stream = bus.producer(), None
         try:
             if layout == "buckets":
-                from cluster import weights_buckets as wb
+                from cluster.weights import buckets as wb
 
                 ann = wb.publish_kafka_buckets(producer, model, version, wb.pack(
                     wb.folder_tensors(args.path), cfg.learner.weight_bucket_bytes), cfg.learner.chunk_bytes)
             elif transport == "kafka":
                 ann = wt.publish_kafka(producer, model, version, args.path, cfg.learner.chunk_bytes)
             elif transport == "nccl":
-                from cluster.weights_stream import server_from_config
+                from cluster.weights.stream import server_from_config
 
                 stream = server_from_config(cfg)
                 ann = stream.add(model, version, args.path)

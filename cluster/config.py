@@ -92,7 +92,7 @@ class TopicsConfig:
     trajectory_retention_ms: int = -1  # keep trajectories forever: they are the replay log
     trajectory_max_message_bytes: int = 16 * 1024 * 1024
     weights_max_message_bytes: int = 16 * 1024 * 1024
-    reply_partitions: int = 32  # tool.replies: each request client reads one partition (see cluster/bus_rpc.py)
+    reply_partitions: int = 32  # tool.replies: each request client reads one partition (see cluster/bus/rpc.py)
     dlq_retention_ms: int = -1
     compression: str = "producer"  # topic-level compression.type; 'producer' keeps the producer's codec
 
@@ -184,7 +184,7 @@ class ActorConfig:
 
     policy: str = "vllm"  # vllm | scripted | openai
     # default: a tiny model built under <cache_dir>/tiny-model. A folder, or a named built-in: "smollm2"
-    # (SmolLM2-135M-Instruct, imported into <cache_dir>/models on first use) or "tiny" (cluster/model_import.py)
+    # (SmolLM2-135M-Instruct, imported into <cache_dir>/models on first use) or "tiny" (cluster/models/importer.py)
     model_path: str = ""
     concurrency: int = 4
     max_turns: int = 150

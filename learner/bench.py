@@ -179,7 +179,7 @@ def memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
 
 
 def _timed_receive(ann, dest: Path) -> float:
-    from cluster import weights_transport as wt
+    from cluster.weights import transport as wt
 
     t = time.perf_counter()
     wt.receive(None, ann, dest, timeout_s=600)
@@ -190,7 +190,7 @@ def _timed_receive(ann, dest: Path) -> float:
 
 def _kafka_ready(cfg) -> tuple[bool, bool]:
     """(usable, started_here): a configured or running broker, else try to start the embedded one."""
-    from cluster import broker
+    from cluster.broker import embedded as broker
 
     if cfg.bus.bootstrap_servers or broker.status(cfg)["running"]:
         return True, False
@@ -214,8 +214,8 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
     cfg.learner.weight_stream_drain_s = 0.0  # the one receiver has fetched every version already
     try:
         if transport == "kafka":
-            from cluster import topics_admin
-            from cluster.bus import Bus
+            from cluster.bus import topics_admin
+            from cluster.bus.client import Bus
 
             cfg.bus.topic_prefix = f"{cfg.bus.topic_prefix}bench-learner-{int(time.time())}."
             topics_admin.create_all(cfg)
@@ -234,12 +234,12 @@ def _bench_publish(cfg, trainer, model_path: str, o, tmp: Path) -> dict:
         if prod is not None:
             prod.close()
         if bus is not None:
-            from cluster import topics_admin
+            from cluster.bus import topics_admin
 
             topics_admin.delete_prefix(cfg)
             bus.close()
         if started:
-            from cluster import broker
+            from cluster.broker import embedded as broker
 
             broker.stop(cfg)
     best = min(times)
@@ -253,7 +253,7 @@ def run_bench(args, cfg) -> dict:
     o = _options(list(getattr(args, "rest", []) or []))
     eng.setup_env(cfg)
     eng.init_distributed()
-    from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
+    from cluster.models.tiny import build_tiny_model, default_tiny_model_dir
 
     cfg.learner.stage = "ppo"
     cfg.learner.token_budget = max(cfg.learner.token_budget, o.seq)
@@ -265,7 +265,7 @@ def run_bench(args, cfg) -> dict:
         elif o.model == "random-0.5b":
             model_path = _random_model(tmp / "random-0.5b", tiny)
         else:
-            from cluster.model_import import resolve_model_path
+            from cluster.models.importer import resolve_model_path
 
             model_path = resolve_model_path(cfg, o.model)  # a folder, or a built-in such as "smollm2"
         if o.trajectories:

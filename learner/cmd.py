@@ -28,7 +28,7 @@ def run(args, cfg) -> int:
     from learner import engine as eng
 
     eng.setup_env(cfg)  # before deepspeed is imported anywhere
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from learner.role import LearnerRole, default_ckpt_dir, ensure_dir, model_path_for
 
     stop = threading.Event()
@@ -43,7 +43,7 @@ def run(args, cfg) -> int:
     rank, world = eng.rank_world()
     if rank == 0:
         metrics.serve_from_env("learner", cfg.cluster.metrics_host, stage=cfg.learner.stage, world=str(world))
-    from cluster.model_import import resolve_model_path
+    from cluster.models.importer import resolve_model_path
 
     model = resolve_model_path(cfg, args.model) if args.model else model_path_for(cfg)
     cfg.learner.critic_model_path = resolve_model_path(cfg, cfg.learner.critic_model_path)

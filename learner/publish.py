@@ -2,9 +2,9 @@
 
 Every rank calls ``export_policy`` (ZeRO-3 gathers parameters collectively);
 rank 0 writes the folder (safetensors + config + the base model's tokenizer
-files) and publishes it with cluster.weights_transport, announcing only once all
+files) and publishes it with cluster.weights.transport, announcing only once all
 bytes are durable. With ``learner.weight_layout = "buckets"`` (kafka) nothing is written:
-rank 0 packs the gathered tensors into buckets (cluster.weights_buckets) and sends them from
+rank 0 packs the gathered tensors into buckets (cluster.weights.buckets) and sends them from
 memory; actors load them straight into their engines.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster import weights_transport as wt
+from cluster.weights import transport as wt
 from cluster.errors import SetupError
 from learner import engine as eng
 
@@ -76,7 +76,7 @@ class Publisher:
 
             self.fs_root = lc.weight_fs_dir or str(run_cache_path(cfg, "weights"))
         if self.transport == "nccl":
-            from cluster import weights_stream
+            from cluster.weights import stream as weights_stream
 
             self.fs_root = weights_stream.served_root(cfg)
             if eng.rank_world()[0] == 0:
@@ -126,7 +126,7 @@ class Publisher:
 
     def send_buckets(self, tensors, version: int, step: int):
         """Send (name, tensor) pairs as in-memory buckets over Kafka and announce them (rank 0)."""
-        from cluster import weights_buckets as wb
+        from cluster.weights import buckets as wb
 
         lc = self.cfg.learner
         ann = wb.publish_kafka_buckets(self.producer, lc.model_name, version, wb.pack(tensors, lc.weight_bucket_bytes),

@@ -283,12 +283,12 @@ def default_ckpt_dir(cfg) -> str:
 
 
 def model_path_for(cfg) -> str:
-    from cluster.model_import import resolve_model_path  # a named built-in ("smollm2", "tiny") -> its folder
+    from cluster.models.importer import resolve_model_path  # a named built-in ("smollm2", "tiny") -> its folder
 
     path = resolve_model_path(cfg, cfg.learner.model_path or cfg.actor.model_path)
     if path:
         return path
-    from cluster.tiny_model import build_tiny_model, default_tiny_model_dir
+    from cluster.models.tiny import build_tiny_model, default_tiny_model_dir
 
     return build_tiny_model(default_tiny_model_dir(cfg))
 

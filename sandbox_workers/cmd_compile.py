@@ -24,7 +24,7 @@ def run(args, cfg) -> int:
         log.error("refusing to serve: %s", exc)
         return 2
 
-    from cluster.bus import Bus, serve
+    from cluster.bus.client import Bus, serve
     from sandbox_workers.worker import Abandoned, CompileHandler, install_sigterm
     from schemas import topics
     from schemas.messages import CompileRequest

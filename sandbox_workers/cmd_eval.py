@@ -41,7 +41,7 @@ def run(args, cfg) -> int:
         log.info("GPU health: %s", gpu.health_check())
         locked = gpu.lock_clocks(ident["handle"]) if cfg.sandbox.lock_clocks else None
         device_key = f"cuda:{ident['name']}:locked={locked}"
-    from cluster.bus import Bus, RequestClient, serve
+    from cluster.bus.client import Bus, RequestClient, serve
     from sandbox_workers.worker import Abandoned, EvalHandler, install_sigterm, worker_name
     from schemas import topics
     from schemas.messages import EvaluateRequest, FilterRequest

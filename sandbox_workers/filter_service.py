@@ -70,7 +70,7 @@ class FilterService:
 
     def check(self, source: str, filter_cfg, timeout_s, what: str = ""):
         """The Verdict on ``source``; raises InvalidFilterRequest for an unusable config or timeout."""
-        from actors.tasks.filter import FilterConfig
+        from cluster.tasks.filter import FilterConfig
 
         try:
             fcfg = FilterConfig.from_dict({**dict(filter_cfg or {}), "backend": self.backend})
@@ -86,7 +86,7 @@ class FilterService:
         return verdict
 
     def _check(self, source: str, fcfg, timeout_s: float):
-        from actors.tasks.filter_runner import FilterSession
+        from cluster.tasks.filter_runner import FilterSession
 
         if self._session is None:
             self._session = FilterSession(fcfg, on_spawn=isolation.register_pgid, on_exit=isolation.unregister_pgid)

@@ -99,7 +99,7 @@ def _pct(xs: list[float], q: float) -> float:
 def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str | None = None,
                eval_fraction: float = 0.5, cache_hits: float = 0.0, concurrency: int = 64,
                timeout_s: float = 600.0, examples: str = "*") -> dict:
-    from cluster.bus import Bus, RequestClient
+    from cluster.bus.client import Bus, RequestClient
     from schemas import topics
     from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
 

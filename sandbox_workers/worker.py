@@ -117,7 +117,7 @@ def eval_fault(r: dict) -> str:
 
 class EvalHandler:
     def __init__(self, cfg, backend: str, device_key: str = "", client=None, fetch_timeout_s: float | None = None):
-        """``client``: a cluster.bus_rpc.RequestClient to ask the compile workers for artifacts by content key
+        """``client``: a cluster.bus.rpc.RequestClient to ask the compile workers for artifacts by content key
         (Evaluator._artifact); None: this worker builds what its artifact cache lacks."""
         from sandbox_workers.evaluator import Evaluator
 

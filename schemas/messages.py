@@ -163,7 +163,7 @@ class FilterRequest:
     """Check a candidate task (`tasks synthesize|verify --via bus`): is it fit to train on?
 
     Sent on the evaluate topic of the filter's backend (``filter["backend"]``); the evaluation
-    worker runs the task execution filter (actors.tasks.filter) on it in a sandboxed child.
+    worker runs the task execution filter (cluster.tasks.filter) on it in a sandboxed child.
     """
 
     KIND = "filter_request"
@@ -192,7 +192,7 @@ class FilterResult:
     eager_ms: float = 0.0
     compile_ms: float = 0.0
     duration_s: float = 0.0
-    verdict: dict[str, Any] = field(default_factory=dict)  # the whole Verdict (actors.tasks.filter) as a dict
+    verdict: dict[str, Any] = field(default_factory=dict)  # the whole Verdict (cluster.tasks.filter) as a dict
     worker: str = ""
     fault: str = ""
 

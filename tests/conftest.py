@@ -42,7 +42,7 @@ TEST_OVERRIDES = {
 @pytest.fixture(scope="session")
 def kafka():
     """The session's broker: {'bootstrap', 'state_dir', 'embedded'}."""
-    from cluster import broker
+    from cluster.broker import embedded as broker
     from cluster.config import Config
 
     external = os.environ.get("KRL__BUS__BOOTSTRAP_SERVERS", "")
@@ -82,7 +82,7 @@ def _apply(cfg, overrides: dict) -> None:
 @pytest.fixture
 def make_cfg(kafka, request):
     """Factory: a fresh Config on the session broker with its own topic prefix and topics."""
-    from cluster import topics_admin
+    from cluster.bus import topics_admin
     from cluster.config import Config
 
     made = []
@@ -152,7 +152,7 @@ KERNELRL = [sys.executable, "-m", "cluster.cli"]
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """The tiny local model and tokenizer (built once per session, or reused from $KERNELRL_TEST_TINY_MODEL)."""
-    from cluster.tiny_model import build_tiny_model
+    from cluster.models.tiny import build_tiny_model
 
     cache = os.environ.get("KERNELRL_TEST_TINY_MODEL")
     return build_tiny_model(cache or tmp_path_factory.mktemp("tiny") / "model")

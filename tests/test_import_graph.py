@@ -188,7 +188,8 @@ def test_schemas_imports_no_torch_vllm_or_deepspeed():
 
 # Not imported (every other module of PACKAGES is), each with its reason.
 NOT_IMPORTED = {
-    "actors.tasks.builtin": "task files (data): read by path and run in the filter's or evaluator's sandbox",
+    "cluster.tasks.builtin": "task files (data): read by path and run in the filter's or evaluator's sandbox",
+    "cluster.launch.bench_learning_tasks": "`bench learning`'s task files and solutions (data): read by path",
     "skills.examples": "example solutions: workspaces the evaluator builds, each importing its own `krl`",
     "skills.templates": "workspace templates: `import krl` resolves only inside a candidate's built workspace",
 }
@@ -319,7 +320,7 @@ def test_import_server_catches_a_module_that_needs_another_imported_first(tmp_pa
 
 def test_every_module_imports_alone():
     modules = _importable()
-    assert len(modules) > 100 and "cluster.bus" in modules and "sandbox_workers.filter_service" in modules
+    assert len(modules) > 100 and "cluster.bus.client" in modules and "sandbox_workers.filter_service" in modules
     t0 = time.monotonic()
     got = _import_alone(modules)
     took = time.monotonic() - t0

@@ -82,7 +82,7 @@ if has tasks; then
   timeout $(cap 330) $PY -m cluster.cli tasks verify --backend cuda --workers "${TASK_WORKERS:-3}" --write \
     > "$OUT/tasks_verify.txt" 2>&1
   log "tasks verify rc=$? $(tail -1 "$OUT/tasks_verify.txt")"
-  cp actors/tasks/builtin/index.json "$OUT/index.json"
+  cp cluster/tasks/builtin/index.json "$OUT/index.json"
 fi
 
 if has kbeval; then

@@ -21,7 +21,7 @@ def _script(sleep_s: float) -> list[str]:
 
 
 def _publish_tasks(cfg, tasks):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     with Bus(cfg, client_id="feeder-test") as bus:
         prod = bus.producer()
@@ -31,7 +31,7 @@ def _publish_tasks(cfg, tasks):
 
 
 def _read_trajectories(cfg, n, timeout_s=60.0) -> list[Trajectory]:
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     out = []
     with Bus(cfg, client_id="reader-test") as bus:
@@ -47,7 +47,7 @@ def _read_trajectories(cfg, n, timeout_s=60.0) -> list[Trajectory]:
 
 def _lag(cfg, group) -> int:
     """Tasks not yet committed by ``group``."""
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     with Bus(cfg, client_id="lag-test") as bus:
         return bus.lag(group, [T.TASKS])[T.TASKS]
@@ -108,7 +108,7 @@ def test_actor_killed_mid_episode_loses_no_task(aloop, tokenizer, tiny_model, ma
 
 def test_sigterm_finishes_within_grace_and_leaves_the_rest_uncommitted(tokenizer, tiny_model, make_cfg, spawn,
                                                                         tmp_path):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     cfg = _actor_cfg(make_cfg, tmp_path, concurrency=2, shutdown_grace_s=4.0)
     with Bus(cfg, client_id="feeder-test") as bus:
@@ -182,7 +182,7 @@ def test_tasks_an_episode_cannot_start_are_dead_lettered_and_committed(aloop, to
     """A task that decodes but cannot be rolled out (unknown backend, no reference Model, a script that is not
     a list of turns) gets one dead letter with its reason; the valid tasks around it run, and every offset of
     the partition is committed (none is left neither trained, dead-lettered nor answered)."""
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from tests.backbone.test_bus import dead_letters
 
     cfg = _actor_cfg(make_cfg, tmp_path, concurrency=2)
@@ -220,7 +220,7 @@ def _limit_topic_bytes(cfg, topic: str, max_bytes: int) -> None:
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    from cluster.bus_clients import admin_kwargs
+    from cluster.bus.clients import admin_kwargs
 
     admin = KafkaAdminClient(**admin_kwargs(cfg, "limit-test", cfg.bus.bootstrap_servers))
     try:
@@ -232,8 +232,8 @@ def _limit_topic_bytes(cfg, topic: str, max_bytes: int) -> None:
 
 def test_trajectory_too_large_for_the_broker_is_dead_lettered_and_the_partition_moves_on(
         aloop, tokenizer, make_cfg, tmp_path):
-    from cluster.bus import Bus
-    from cluster.bus_scan import committed_offsets
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import committed_offsets
     from tests.backbone.test_bus import dead_letters
 
     cfg = _actor_cfg(make_cfg, tmp_path, concurrency=1, max_observation_chars=150_000)

@@ -8,7 +8,7 @@ import threading
 import time
 
 from actors.actor import Actor
-from cluster.weights_stream import WeightStreamServer
+from cluster.weights.stream import WeightStreamServer
 from schemas import topics as T
 from schemas.messages import WeightAnnouncement
 
@@ -19,8 +19,8 @@ from .test_actor_process import _publish_tasks, _read_trajectories
 
 def _announce(cfg, version, folder=None, bogus=False, stream=None, forged_offset=False):
     """Announce ``folder`` as ``version`` over Kafka chunks, or through ``stream`` (a WeightStreamServer)."""
-    from cluster.bus import Bus
-    from cluster.weights_transport import announce, publish_kafka
+    from cluster.bus.client import Bus
+    from cluster.weights.transport import announce, publish_kafka
 
     with Bus(cfg, client_id="learner-test") as bus:
         prod = bus.producer()
@@ -57,7 +57,7 @@ def test_weights_over_kafka_hot_swap_and_admission_control(aloop, engine, tiny_m
     stop = asyncio.Event()
     run = asyncio.run_coroutine_threadsafe(actor.run(stop), aloop.loop)
     try:
-        from cluster.weights_transport import version_dir
+        from cluster.weights.transport import version_dir
 
         stale = version_dir(a.weights_dir, cfg.learner.model_name, v + 1)  # an earlier run's v+1: other bytes
         stale.mkdir(parents=True)

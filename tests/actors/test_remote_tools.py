@@ -24,7 +24,7 @@ def wcfg(make_cfg, tmp_path):
 
 @pytest.fixture
 def rclient(wcfg):
-    from cluster.bus import AsyncRequestClient, Bus
+    from cluster.bus.client import AsyncRequestClient, Bus
 
     bus = Bus(wcfg, client_id="actor-test")
     client = AsyncRequestClient(bus, name="actor-test")

@@ -32,7 +32,7 @@ def pcfg(make_cfg, tmp_path):
 
 @pytest.fixture
 def rclient(pcfg):
-    from cluster.bus import AsyncRequestClient, Bus
+    from cluster.bus.client import AsyncRequestClient, Bus
 
     bus = Bus(pcfg, client_id="actor-prov")
     client = AsyncRequestClient(bus, name="actor-prov")
@@ -43,8 +43,8 @@ def rclient(pcfg):
 
 @contextlib.contextmanager
 def serving(cfg, handler, topic, expected):
-    """The worker loop (cluster.bus.serve) around a real handler, on a thread, assigned before the block."""
-    from cluster.bus import Bus, serve
+    """The worker loop (cluster.bus.client.serve) around a real handler, on a thread, assigned before the block."""
+    from cluster.bus.client import Bus, serve
 
     bus = Bus(cfg, client_id=f"worker-{topic}")
     stop, ready, out = threading.Event(), threading.Event(), {}

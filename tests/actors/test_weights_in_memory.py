@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from actors.policy import GenRequest
-from cluster import weights_buckets as wb
-from cluster.weights_transport import announce
+from cluster.weights import buckets as wb
+from cluster.weights.transport import announce
 
 PROMPT = [11, 42, 97, 230, 512, 7, 1000, 64]
 BUCKET, CHUNK = 1 << 20, 256 << 10  # the tiny model (~2.9 MB in float32) becomes 3 buckets of 3-6 chunks
@@ -86,7 +86,7 @@ class _Corrupting:
 
 def _publish(cfg, version: int, state: dict, corrupt_bucket: int | None = None):
     """Publish ``state`` as buckets; with ``corrupt_bucket``, that bucket's first chunk is corrupted."""
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     buckets = list(wb.pack(sorted(state.items()), BUCKET))
     with Bus(cfg, client_id="learner-test") as bus:
@@ -181,6 +181,6 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
 
 
 def _bus(cfg):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     return Bus(cfg, client_id="actor-mem")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from cluster.bus import Bus
+from cluster.bus.client import Bus
 from cluster.config import load
 from schemas import topics as T
 

@@ -13,9 +13,10 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
-from cluster import broker, topics_admin
-from cluster.bus import Bus
-from cluster.bus_clients import connection_kwargs
+from cluster.broker import embedded as broker
+from cluster.bus import topics_admin
+from cluster.bus.client import Bus
+from cluster.bus.clients import connection_kwargs
 from cluster.config import Config, ConfigError, validate
 from schemas import topics as T
 from schemas.messages import Task

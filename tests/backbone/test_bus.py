@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.bus import Bus, MessageTooLarge
+from cluster.bus.client import Bus, MessageTooLarge
 from schemas import codec
 from schemas import topics as T
 from schemas.messages import DeadLetter, Task

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from cluster import cmd_bench
-from cluster.bus import Bus
+from cluster.bus.client import Bus
 from cluster.config import Config, ConfigError, load
 from cluster.errors import RetriableError, SetupError
 from schemas import topics as T
@@ -104,7 +104,7 @@ def test_bad_environment_override_is_reported_by_the_cli(tmp_path):
 
 
 def test_security_settings_are_passed_to_every_client():
-    from cluster.bus_clients import admin_kwargs, consumer_kwargs, producer_kwargs
+    from cluster.bus.clients import admin_kwargs, consumer_kwargs, producer_kwargs
 
     cfg = load(overrides=["bus.bootstrap_servers=k1:9093,k2:9093", "bus.security_protocol=SASL_SSL",
                           "bus.sasl_mechanism=SCRAM-SHA-512", "bus.sasl_username=u", "bus.sasl_password=p",
@@ -157,7 +157,7 @@ def test_bench_help_after_the_target_describes_without_running(monkeypatch, caps
 
 def test_broker_starts_with_a_cluster_id_starting_with_a_dash(kafka, tmp_path, monkeypatch):
     """One random KRaft cluster id in 64 starts with '-': formatting must not read it as an option."""
-    from cluster import broker
+    from cluster.broker import embedded as broker
 
     if not kafka["embedded"]:
         pytest.skip("the suite runs against an external cluster: no local Kafka jars to run")

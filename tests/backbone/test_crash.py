@@ -9,8 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster import broker, topics_admin
-from cluster.bus import Bus
+from cluster.broker import embedded as broker
+from cluster.bus import topics_admin
+from cluster.bus.client import Bus
 from cluster.config import Config
 from schemas import topics as T
 from schemas.messages import Task

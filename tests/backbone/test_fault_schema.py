@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from cluster.bus_serve import default_error_reply
+from cluster.bus.serve import default_error_reply
 from schemas import codec
 from schemas.messages import (FAULT_INFRA, FAULT_NONE, FAULT_POLICY, REWARD_OK, REWARD_UNDETERMINED, CompileRequest,
                               CompileResult, EvaluateRequest, EvaluateResult, RequestHeader, Trajectory, fault_of)

@@ -16,7 +16,7 @@ from tests.conftest import cfg_env
 
 WORKER = r"""
 import sys, threading, time
-from cluster.bus import Bus, serve
+from cluster.bus.client import Bus, serve
 from cluster.config import load
 from schemas import topics as T
 from schemas.messages import CompileRequest, CompileResult
@@ -40,7 +40,7 @@ def _lines(p: Path, word: str) -> list[str]:
 
 
 def test_frozen_worker_takes_no_stale_work_after_sigcont(make_cfg, tmp_path):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     cfg = make_cfg(topics__tool_partitions=1)
     env = cfg_env(cfg)

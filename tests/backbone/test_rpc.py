@@ -9,7 +9,7 @@ import time
 import pytest
 import uvloop
 
-from cluster.bus import AsyncRequestClient, Bus, RequestClient, RequestTimeout, serve
+from cluster.bus.client import AsyncRequestClient, Bus, RequestClient, RequestTimeout, serve
 from schemas import topics as T
 from schemas.messages import CompileRequest, CompileResult, DeadLetter, RequestHeader, Task
 from tests.backbone.test_bus import _wait, dead_letters
@@ -177,8 +177,8 @@ def test_poisoned_request_topic_every_record_is_answered_or_dead_lettered(cfg):
     gets its reply, every other record one dead letter with its reason, and the worker serves on."""
     import msgpack
 
-    from cluster.bus_scan import committed_offsets, read_topic
-    from cluster.report import durable_invariants
+    from cluster.bus.scan import committed_offsets, read_topic
+    from cluster.launch.report import durable_invariants
     from schemas import codec
     from schemas.messages import now_ms
 

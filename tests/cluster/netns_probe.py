@@ -21,7 +21,7 @@ RELU_DIR = ROOT / "skills" / "examples" / "cpu_19_relu"
 def metadata(cfg) -> dict:
     from kafka import KafkaAdminClient
 
-    from cluster.bus_clients import admin_kwargs
+    from cluster.bus.clients import admin_kwargs
 
     admin = KafkaAdminClient(**admin_kwargs(cfg, "netns-probe"))
     try:
@@ -32,8 +32,8 @@ def metadata(cfg) -> dict:
 
 
 def compile_relu(cfg) -> dict:
-    from cluster.bus import Bus
-    from cluster.bus_rpc import RequestClient
+    from cluster.bus.client import Bus
+    from cluster.bus.rpc import RequestClient
     from schemas import topics
     from schemas.messages import CompileRequest, RequestHeader
 
@@ -56,8 +56,8 @@ def scrape(url: str) -> dict:
 
 
 def receive(cfg, model: str, version: int, dest: str) -> dict:
-    from cluster import weights_transport as wt
-    from cluster.bus import Bus
+    from cluster.weights import transport as wt
+    from cluster.bus.client import Bus
     from cluster.cmd_weights import announcements
 
     with Bus(cfg, client_id="netns-probe") as bus:

@@ -82,7 +82,7 @@ def unaccounted(bus, injected: list[dict], groups: dict[str, str]) -> tuple[list
     """The injected records that a consumer group moved past without a dead letter (lost), and the letters'
     reasons by (topic, fault). ``groups``: topic -> the group whose commit says "consumed" (weights: none,
     every actor reads them in a group of its own, so a letter is required)."""
-    from cluster.bus_scan import committed_offsets, read_topic
+    from cluster.bus.scan import committed_offsets, read_topic
     from schemas.messages import DeadLetter
 
     letters: dict[tuple[str, int], list[str]] = {}

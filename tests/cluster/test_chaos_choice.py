@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from cluster.run_loop import _Chaos
+from cluster.launch.run_loop import _Chaos
 
 
 class FakeSup:

@@ -52,7 +52,7 @@ def test_configmap_is_a_valid_kernelrl_config(tmp_path):
 
 
 def test_scalers_watch_real_groups_and_topics():
-    from cluster.run_loop import ACTOR_GROUP
+    from cluster.launch.run_loop import ACTOR_GROUP
 
     triggers = {doc["metadata"]["name"]: doc["spec"]["triggers"][0]["metadata"]
                 for _, doc in _docs() if doc["kind"] == "ScaledObject"}

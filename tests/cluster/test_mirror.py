@@ -17,13 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster import broker, mirror, topics_admin
-from cluster import weights_transport as wt
-from cluster.bus import Bus
-from cluster.bus_scan import read_topic
+from cluster.broker import embedded as broker
+from cluster.broker import mirror
+from cluster.bus import topics_admin
+from cluster.weights import transport as wt
+from cluster.bus.client import Bus
+from cluster.bus.scan import read_topic
 from cluster.config import Config
-from cluster.replay import DirSink, Selection, replay
-from cluster.weights_buckets import pack, publish_kafka_buckets, tensors_of
+from cluster.bus.replay import DirSink, Selection, replay
+from cluster.weights.buckets import pack, publish_kafka_buckets, tensors_of
 from schemas import topics as T
 from schemas.messages import Task, WeightChunk
 from tests.backbone.samples import big_trajectory

@@ -98,7 +98,7 @@ def test_second_import_is_immediate_and_says_so(imported):
 
 def test_named_builtin_resolves_to_the_imported_folder(imported):
     from cluster.config import Config
-    from cluster.model_import import import_model, is_tiny, resolve_model_path
+    from cluster.models.importer import import_model, is_tiny, resolve_model_path
 
     res, cache = imported
     cfg = Config()
@@ -117,7 +117,7 @@ def test_the_gguf_is_found_without_importing_its_package_and_foreign_folders_are
     import sys
 
     from cluster.errors import InputError
-    from cluster.model_import import gguf_source, import_model
+    from cluster.models.importer import gguf_source, import_model
 
     src = gguf_source()
     assert src.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and src.stat().st_size > 90e6

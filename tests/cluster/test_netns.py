@@ -48,7 +48,7 @@ def env(nodes, tmp_path):
 @pytest.fixture
 def embedded_broker(nodes, env, tmp_path):
     """The embedded broker on node "broker": binds 0.0.0.0, announces the node's address."""
-    from cluster import broker
+    from cluster.broker import embedded as broker
     from cluster.config import Config
 
     cfg = Config()
@@ -147,7 +147,7 @@ def test_roles_on_separate_nodes_share_work_metrics_and_weights(nodes, env, embe
 
 
 def test_broker_binds_every_interface_only_when_it_announces_an_address(tmp_path):
-    from cluster.broker import server_properties
+    from cluster.broker.embedded import server_properties
     from cluster.config import ConfigError, load
 
     with pytest.raises(ConfigError, match=r"broker.host: .*advertised_host.*'0.0.0.0'"):

@@ -13,7 +13,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors import actor as actor_mod
-from cluster import dashboard, metrics
+from cluster import metrics
+from cluster.launch import dashboard
 from cluster.config import ConfigError, load
 from learner.role import LearnerRole
 from schemas.messages import Trajectory, TurnInfo

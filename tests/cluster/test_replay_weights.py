@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from cluster.bus import Bus
-from cluster.replay import DirSink, Selection, TopicSink, replay
+from cluster.bus.client import Bus
+from cluster.bus.replay import DirSink, Selection, TopicSink, replay
 from schemas import Trajectory, WeightAnnouncement, codec, topics
 from tests.conftest import KERNELRL, cfg_env
 
@@ -36,12 +36,12 @@ def test_replay_by_time_offset_and_filters(cfg, tmp_path):
 
         # by time: exactly the second batch
         dest = cfg.topic("replay.time")
-        from cluster.topics_admin import create_copy
+        from cluster.bus.topics_admin import create_copy
 
         assert create_copy(cfg, cfg.topic(topics.TRAJECTORIES), dest, bus.bootstrap) == "created"
         res = replay(bus, Selection(since_ms=t_mid), TopicSink(bus, dest), progress=False)
         assert res["copied"] == 5
-        from cluster.bus_scan import read_topic
+        from cluster.bus.scan import read_topic
 
         got = sorted(r.msg.episode_id for r in read_topic(bus, dest))
         assert got == [f"ep{i}" for i in range(10, 15)]
@@ -77,7 +77,7 @@ def test_replay_cli_to_learner_namespace(cfg):
     assert res["copied"] == 1 and res["learner_command"].endswith(f"bus.topic_prefix={prefix} learner")
     cfg.bus.topic_prefix = prefix
     with Bus(cfg, client_id="test-replay-check") as bus:
-        from cluster.bus_scan import read_topic
+        from cluster.bus.scan import read_topic
 
         assert [r.msg.episode_id for r in read_topic(bus, topics.TRAJECTORIES)] == ["ep1"]
 
@@ -99,7 +99,7 @@ def test_weights_push_announces_next_version(cfg, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "monotonic" in bad.stderr
     with Bus(cfg, client_id="test-weights") as bus:
-        from cluster import weights_transport as wt
+        from cluster.weights import transport as wt
         from cluster.cmd_weights import announcements
 
         anns = announcements(bus, cfg.learner.model_name)

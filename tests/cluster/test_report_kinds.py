@@ -8,8 +8,8 @@ from tests.learner.helpers import make_traj
 
 
 def test_report_ignores_records_of_another_kind(make_cfg):
-    from cluster.bus import Bus
-    from cluster.report import durable_invariants
+    from cluster.bus.client import Bus
+    from cluster.launch.report import durable_invariants
 
     cfg = make_cfg()
     bus = Bus(cfg, client_id="test-report")
@@ -29,8 +29,8 @@ def test_report_ignores_records_of_another_kind(make_cfg):
 def test_report_counts_duplicate_work_from_the_topics(make_cfg):
     """Work done twice is counted, not hidden: one task record rolled out by two episodes, one trajectory
     written twice (a producer retry), one tool request answered twice."""
-    from cluster.bus import Bus
-    from cluster.report import durable_invariants
+    from cluster.bus.client import Bus
+    from cluster.launch.report import durable_invariants
     from schemas.messages import CompileResult
 
     cfg = make_cfg()

@@ -85,7 +85,7 @@ def test_a_non_retriable_error_is_raised_at_once_with_its_message(monkeypatch):
 
 
 def test_bus_error_takes_the_flag_of_the_kafka_error_it_wraps():
-    from cluster.bus import BusError
+    from cluster.bus.client import BusError
 
     assert not is_retriable(BusError("delivery failed", MessageSizeTooLargeError()))
     assert is_retriable(BusError("delivery failed", KafkaTimeoutError()))

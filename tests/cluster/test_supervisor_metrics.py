@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 from cluster import metrics
-from cluster.supervisor import RoleSpec, Supervisor
+from cluster.launch.supervisor import RoleSpec, Supervisor
 
 # A child that serves metrics, counts up, and exits 0 when told to by a file.
 CHILD = r"""
@@ -135,7 +135,7 @@ time.sleep(600)
 SUPERVISE = r"""
 import json, os, signal, sys, time
 from pathlib import Path
-from cluster.supervisor import RoleSpec, Supervisor
+from cluster.launch.supervisor import RoleSpec, Supervisor
 tmp = Path(sys.argv[1])
 sup = Supervisor(tmp / "logs", [sys.executable, "-c", sys.argv[2]], subreaper=True)
 sup.add(RoleSpec("actor", [str(tmp / "engine.pid")]))

@@ -37,7 +37,7 @@ def _check_invariants(rep, steps):
 def test_up_under_chaos_and_a_broker_kill_loses_nothing(cfg, tmp_path):
     """Random SIGKILLs of the roles, and a kill -9 of the embedded broker's JVM mid-run: `up` restarts the
     broker on its port and data, the roles reconnect, and the topics show nothing lost or trained twice."""
-    from cluster import broker
+    from cluster.broker import embedded as broker
     from cluster.config import load
 
     env = cfg_env(cfg)
@@ -94,7 +94,7 @@ def test_up_on_three_brokers_survives_leader_and_follower_kills(cfg, tmp_path):
     on its data; malformed records of every kind are produced onto the tasks, trajectories and weights
     topics; from the topics: nothing lost, nothing trained twice, every tool call answered, every malformed
     record dead-lettered with its reason, and every role left on SIGTERM at the end."""
-    from cluster import broker_cluster
+    from cluster.broker import nodes as broker_cluster
     from cluster.config import load
 
     env = cfg_env(cfg)
@@ -168,8 +168,8 @@ def _run_bus(own, bootstrap):
     """A bus on the run's own topics (`up` isolates each run under <prefix><run id>.)."""
     import copy
 
-    from cluster import broker_cluster
-    from cluster.bus import Bus
+    from cluster.broker import nodes as broker_cluster
+    from cluster.bus.client import Bus
 
     deadline = time.monotonic() + 60
     while not (names := [t for t in broker_cluster.leaders(own, bootstrap, "." + T.TRAJECTORIES)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import weights_stream as ws
-from cluster import weights_transport as wt
+from cluster.weights import stream as ws
+from cluster.weights import transport as wt
 
 from .weights_receiver import receive_in_child
 from .weights_receiver import spawn as _child

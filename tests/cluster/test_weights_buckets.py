@@ -10,8 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from cluster import weights_buckets as wb
-from cluster.weights_fs import WeightsCorrupt
+from cluster.weights import buckets as wb
+from cluster.weights.fs import WeightsCorrupt
 from schemas import codec
 from schemas.messages import WeightAnnouncement
 from tests.conftest import KERNELRL, cfg_env
@@ -21,7 +21,7 @@ def test_weights_push_buckets_arrive_verified_in_memory(cfg, tmp_path):
     import torch
     from safetensors.numpy import save_file
 
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from cluster.cmd_weights import announcements
 
     ckpt = tmp_path / "ckpt"
@@ -77,13 +77,13 @@ def test_version_1_announcement_reads_as_a_folder():
 
 
 def test_weights_stream_and_transport_share_weights_fs_without_a_cycle():
-    """weights_transport imports weights_stream (the nccl receiver); weights_stream imports only weights_fs,
+    """weights.transport imports weights.stream (the nccl receiver); weights.stream imports only weights.fs,
     at module level or inside any function."""
     import ast
     from pathlib import Path
 
     def imported(mod: str) -> set[str]:
-        tree = ast.parse((Path(__file__).resolve().parents[2] / "cluster" / f"{mod}.py").read_text())
+        tree = ast.parse((Path(__file__).resolve().parents[2] / "cluster" / "weights" / f"{mod}.py").read_text())
         names = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -92,7 +92,7 @@ def test_weights_stream_and_transport_share_weights_fs_without_a_cycle():
                 names |= {a.name for a in node.names}
         return names
 
-    stream, transport, fs = imported("weights_stream"), imported("weights_transport"), imported("weights_fs")
-    assert "cluster.weights_fs" in stream and not any("weights_transport" in n for n in stream)
-    assert "cluster.weights_stream" in transport
-    assert not any("weights_stream" in n or "weights_transport" in n for n in fs)
+    stream, transport, fs = imported("stream"), imported("transport"), imported("fs")
+    assert "cluster.weights.fs" in stream and not any("weights.transport" in n for n in stream)
+    assert "cluster.weights.stream" in transport
+    assert not any("weights.stream" in n or "weights.transport" in n for n in fs)

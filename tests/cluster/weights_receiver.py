@@ -36,7 +36,7 @@ def _desert(ann) -> None:
 
     import torch.distributed as dist
 
-    from cluster import weights_stream as ws
+    from cluster.weights import stream as ws
 
     m = ws._URI.match(ann.uri)
     store = dist.TCPStore(m["host"], int(m["port"]), None, False, datetime.timedelta(seconds=10))
@@ -46,7 +46,7 @@ def _desert(ann) -> None:
 
 
 def _hook_broadcast(mode: str) -> None:
-    from cluster import weights_stream as ws
+    from cluster.weights import stream as ws
 
     real, calls = ws._broadcast, []
 
@@ -63,7 +63,7 @@ def _hook_broadcast(mode: str) -> None:
 
 
 def main() -> None:
-    from cluster import weights_transport as wt
+    from cluster.weights import transport as wt
     from schemas.messages import WeightAnnouncement
 
     ann, dest, mode = WeightAnnouncement(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]

@@ -16,7 +16,7 @@ def _cache_dir() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from cluster.tiny_model import build_tiny_model
+    from cluster.models.tiny import build_tiny_model
 
     return build_tiny_model(os.environ.get("KERNELRL_TEST_TINY_MODEL") or Path(_cache_dir()) / "tiny-model")
 

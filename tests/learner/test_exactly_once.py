@@ -32,8 +32,8 @@ def _wait_state(path: Path, min_step: int, proc, timeout: float = 150.0) -> None
 
 def test_sigkill_after_checkpoint_then_restart_trains_each_trajectory_once(ds_process, tiny_model, make_cfg,
                                                                           spawn, tmp_path):
-    from cluster.bus import Bus
-    from cluster.bus_scan import read_topic
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import read_topic
     from tests.conftest import KERNELRL, cfg_env
 
     cfg = learner_cfg(make_cfg(), stage="ppo", batch_trajectories=BATCH, checkpoint_every=1, publish_every=2,

@@ -17,7 +17,7 @@ LONG = 131072
 def test_128k_trajectory_through_kafka_into_its_own_microbatch(cfg):
     from kafka import TopicPartition
 
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from schemas.messages import Trajectory
 
     bus = Bus(cfg, client_id="long-test")

@@ -36,8 +36,8 @@ def test_ingest_rejects_out_of_vocabulary_ids_and_keeps_the_reason():
 
 def test_learner_dead_letters_poisoned_trajectories_once_and_trains_the_rest(ds_process, tiny_model, make_cfg,
                                                                               tmp_path):
-    from cluster.bus import Bus
-    from cluster.bus_scan import read_topic
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import read_topic
     from learner.role import LearnerRole
     from schemas import codec
 

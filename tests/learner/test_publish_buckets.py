@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from cluster import weights_buckets as wb
+from cluster.weights import buckets as wb
 from cluster.errors import SetupError
 
 from .conftest import learner_cfg
@@ -17,7 +17,7 @@ def test_buckets_from_memory_arrive_bit_identical(tiny_model, cfg, tmp_path, mon
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from learner.publish import Publisher
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

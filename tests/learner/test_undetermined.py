@@ -55,9 +55,9 @@ def test_learner_skips_undetermined_from_kafka_and_trains_the_rest(ds_process, t
     """The learner role on the real broker: trains the determined episodes, skips and counts the others,
     and its checkpoint positions (and the group's offsets) cover the skipped records too."""
     from cluster import metrics
-    from cluster.bus import Bus
-    from cluster.bus_scan import committed_offsets, read_topic
-    from cluster.report import durable_invariants
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import committed_offsets, read_topic
+    from cluster.launch.report import durable_invariants
     from learner.role import GROUP, LearnerRole
 
     cfg = learner_cfg(make_cfg(), stage="ppo", batch_trajectories=2, checkpoint_every=1, publish_every=1000,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import weights_transport as wt
+from cluster.weights import transport as wt
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
 from tests.cluster.weights_receiver import receive_in_child
@@ -27,7 +27,7 @@ def _bytes(folder: Path) -> dict[str, bytes]:
 
 
 def _announcements(bus):
-    from cluster.bus_scan import read_topic
+    from cluster.bus.scan import read_topic
 
     return [r.msg for r in read_topic(bus, topics.WEIGHTS)]
 
@@ -36,7 +36,7 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from learner.publish import Publisher, export_policy
     from learner.trainer import Trainer
 
@@ -109,7 +109,7 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
 
 
 def test_half_sent_or_corrupt_version_is_never_materialised(cfg, tmp_path):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
 
     src = tmp_path / "src"
     src.mkdir()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench_learning as bl
-from cluster.feeder import load_heldout_tasks, load_task_files
-from cluster.report import learning_curve
+from cluster.launch import bench_learning as bl
+from cluster.launch.feeder import load_heldout_tasks, load_task_files
+from cluster.launch.report import learning_curve
 from learner.data import from_trajectory, stage_rejects
 from learner.ingest import Ingest
 from learner.stages import STAGES

@@ -7,7 +7,7 @@ from pathlib import Path
 from actors import tool_specs, toolcall
 from actors.demos import multi_turn_script, script_for, single_turn_answer
 from actors.extract import extract_files
-from cluster.feeder import load_task_files
+from cluster.launch.feeder import load_task_files
 
 TASKS = Path(__file__).parent / "tasks"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.report import pass_rate
+from cluster.launch.report import pass_rate
 from tests.conftest import KERNELRL, cfg_env
 
 TASKS = Path(__file__).parent / "tasks"

@@ -47,7 +47,7 @@ def test_fetched_artifact_is_kept_under_its_key_and_a_foreign_key_is_refused(sb_
 
 
 def test_no_answer_builds_locally_and_a_reported_failure_is_the_policys(sb_cfg, tmp_path):
-    from cluster.bus_rpc import RequestTimeout
+    from cluster.bus.rpc import RequestTimeout
 
     files = workspace.validate(relu_solution(), "cpu")
 

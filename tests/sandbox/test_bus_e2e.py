@@ -23,7 +23,7 @@ def _wait_assigned(bus, group: str, topic: str, timeout: float = 60.0) -> None:
     """Until the worker's consumer group has joined (requests sent before may be skipped by 'latest')."""
     from kafka import KafkaAdminClient
 
-    from cluster.bus_clients import admin_kwargs
+    from cluster.bus.clients import admin_kwargs
 
     admin = KafkaAdminClient(**admin_kwargs(bus.cfg, "sbx-test-admin", bus.bootstrap))
     group = bus.group(group)  # groups carry the topic prefix (like topics)
@@ -48,7 +48,7 @@ def oracle_cfg(make_cfg, sandbox_cache):
 
 
 def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
-    from cluster.bus import Bus, RequestClient
+    from cluster.bus.client import Bus, RequestClient
     from sandbox_workers import workspace
     from schemas import topics
     from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
@@ -127,7 +127,7 @@ def test_the_artifact_comes_by_its_key_from_the_compile_worker(oracle_cfg, spawn
     """The evaluation worker on another filesystem (its own empty artifact cache) gets requests without artifact
     bytes: it asks the compile workers for the artifact by the key it computes itself, keeps it, and refuses one
     built under another key (here: a compile worker with other compiler flags), building that one itself."""
-    from cluster.bus import Bus, RequestClient
+    from cluster.bus.client import Bus, RequestClient
     from sandbox_workers import workspace
     from schemas import topics
     from schemas.messages import EvaluateRequest, RequestHeader
@@ -180,7 +180,7 @@ def test_the_artifact_comes_by_its_key_from_the_compile_worker(oracle_cfg, spawn
 
 
 def test_sigterm_abandons_the_running_job(oracle_cfg, spawn):
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from schemas import topics
     from schemas.messages import EvaluateRequest, RequestHeader
 

@@ -54,7 +54,7 @@ def test_pinned_thread_pins_the_processes_it_starts_and_nothing_else():
 
 
 def test_up_gives_each_cpu_eval_worker_its_own_cores():
-    from cluster.run_loop import _roles
+    from cluster.launch.run_loop import _roles
 
     cfg = load(overrides=["cluster.eval_workers=2", "sandbox.backend=cpu"], environ={})
     argv = [s.argv for s in _roles(cfg) if s.name.startswith("eval-worker")]

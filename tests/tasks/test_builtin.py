@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from actors.cmd_tasks import BUILTIN
-from actors.tasks.dataset import load_tasks
+from cluster.tasks.dataset import load_tasks
 
 
 def _load(src: str):

@@ -6,9 +6,9 @@ import types
 import pytest
 import torch
 
-from actors.tasks.compose import compose, infer_shape
-from actors.tasks.render import render
-from actors.tasks.seeds import catalog, summary
+from cluster.tasks.compose import compose, infer_shape
+from cluster.tasks.render import render
+from cluster.tasks.seeds import catalog, summary
 
 
 def _load(source: str):
@@ -68,8 +68,8 @@ def test_gpu_sized_twin_has_the_same_structure_and_bigger_inputs():
 
 
 def test_shape_inference_rejects_an_operator_that_does_not_fit():
-    from actors.tasks.compose import ShapeError
-    from actors.tasks.ops import Op
+    from cluster.tasks.compose import ShapeError
+    from cluster.tasks.ops import Op
 
     conv = Op(name="Conv2d", source="torch.nn", call="{m}({x})", ctor="nn.Conv2d({c}, 8, 3)", params={"c": 3})
     assert infer_shape(conv, (2, 3, 16, 16)) == (2, 8, 14, 14)

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from actors.tasks.dataset import DatasetError, import_dir, load_tasks
-from actors.tasks.decontam import default_eval_dir
+from cluster.tasks.dataset import DatasetError, import_dir, load_tasks
+from cluster.tasks.decontam import default_eval_dir
 from cluster.cli import build_parser
 
 
@@ -30,7 +30,7 @@ def test_unindexed_folder_is_scanned_with_levels():
 
 def test_publish_feeds_the_tasks_topic(cfg, tmp_path):
     from actors.cmd_tasks import run
-    from cluster.bus import Bus
+    from cluster.bus.client import Bus
     from schemas import topics
     from schemas.messages import Task
 
@@ -90,7 +90,7 @@ def test_verify_reruns_the_filter_on_a_folder(tmp_path, capsys):
 
 def test_verify_write_marks_rejected_tasks_and_loaders_leave_them_out(tmp_path, capsys):
     """A task rejected on the real device (e.g. too fast on the GPU) stays in the index, marked; training skips it."""
-    from actors.tasks.dataset import DatasetError, load_tasks
+    from cluster.tasks.dataset import DatasetError, load_tasks
     from cluster.cli import main
 
     out = tmp_path / "synth"

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from actors.tasks.compose import compose
-from actors.tasks.decontam import Decontaminator, ast_tokens, default_eval_dir, similarity
-from actors.tasks.render import render
+from cluster.tasks.compose import compose
+from cluster.tasks.decontam import Decontaminator, ast_tokens, default_eval_dir, similarity
+from cluster.tasks.render import render
 
 
 @pytest.fixture(scope="module")

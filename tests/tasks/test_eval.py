@@ -96,8 +96,8 @@ def test_solution_found_by_its_task_source(tmp_path):
     """A skills/examples-style folder solves the task whose source its model.py holds, whatever the names."""
     from pathlib import Path
 
-    from actors.tasks.dataset import TaskEntry
-    from actors.tasks.evaluate import find_solution
+    from cluster.tasks.dataset import TaskEntry
+    from cluster.tasks.evaluate import find_solution
 
     src = "import torch\n\nclass Model(torch.nn.Module):\n    pass\n"
     sol = tmp_path / "cuda_7_whatever"

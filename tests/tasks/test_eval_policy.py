@@ -77,3 +77,30 @@ def test_eval_vllm_policy_runs_capped_episodes(cluster, tiny_model):
     # random weights write no kernel: the final evaluation of the starter workspace fails, and says so
     assert task["has_solution"] and not task["correct"]
     assert rep["overall"]["pass_rate"] == 0.0
+
+
+def test_eval_solutions_over_the_bus_send_the_artifact_key_not_its_bytes(cluster):
+    """`eval --via bus`: compile then evaluate through the workers; the EvaluateRequest names the compiled
+    artifact by content key (the evaluation worker fetches it), with no inline bytes."""
+    import shutil
+
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import read_topic
+    from schemas import topics
+    from schemas.messages import EvaluateRequest
+
+    cfg, tmp_path = cluster
+    shutil.copytree(RELU, tmp_path / "solutions" / "1_ReLU", ignore=shutil.ignore_patterns("model.py"))
+    rep, _ = _eval(cfg, tmp_path, "--policy", "solutions", "--solutions", str(tmp_path / "solutions"),
+                   "--via", "bus")
+    by = {t["name"]: t for t in rep["tasks"]}
+    assert by["1_ReLU"]["correct"] and by["1_ReLU"]["compiled"], by["1_ReLU"]
+    assert not by["2_ReLUAgain"]["has_solution"]
+    assert rep["meta"]["via"] == "bus" and rep["overall"]["pass_rate"] == pytest.approx(0.5)
+    bus = Bus(cfg, client_id="eval-test-scan")
+    try:
+        reqs = [r.msg for r in read_topic(bus, topics.evaluate_topic("cpu")) if isinstance(r.msg, EvaluateRequest)]
+    finally:
+        bus.close()
+    assert len(reqs) == 1 and reqs[0].task_id == by["1_ReLU"]["task_id"], reqs
+    assert reqs[0].artifact_key and reqs[0].artifact == b"", (reqs[0].artifact_key, len(reqs[0].artifact))

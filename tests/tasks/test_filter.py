@@ -1,13 +1,13 @@
 """The execution filter: every rule rejects a task built to break it; a good task passes all of them.
 
-All sources run in real sandboxed children (actors.tasks.filter_runner), torch.compile with inductor.
+All sources run in real sandboxed children (cluster.tasks.filter_runner), torch.compile with inductor.
 """
 from __future__ import annotations
 
 import pytest
 
-from actors.tasks.filter import RULES, FilterConfig
-from actors.tasks.filter_runner import filter_sources
+from cluster.tasks.filter import RULES, FilterConfig
+from cluster.tasks.filter_runner import filter_sources
 from tests.tasks.helpers import BROKEN, CRASH, GOOD, HANG, TOO_FAST
 
 

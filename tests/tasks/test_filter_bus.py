@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from actors.tasks.filter import FilterConfig
+from cluster.tasks.filter import FilterConfig
 from tests.actors.workers import start_worker
 from tests.conftest import KERNELRL, cfg_env
 from tests.tasks.helpers import BROKEN, CRASH, GOOD
@@ -28,8 +28,8 @@ def worker_cfg(make_cfg, spawn, tmp_path):
 
 
 def _scan(cfg, topic: str) -> list:
-    from cluster.bus import Bus
-    from cluster.bus_scan import read_topic
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import read_topic
 
     bus = Bus(cfg, client_id="filter-test-scan")
     try:
@@ -66,7 +66,7 @@ def _dead_letters(cfg, n: int, timeout_s: float = 60.0) -> list:
 def test_worker_filters_tasks_and_survives_bad_ones(worker_cfg):
     import msgpack
 
-    from actors.tasks.filter_bus import BusFilter, verdict_of
+    from cluster.tasks.filter_bus import BusFilter, verdict_of
     from schemas import codec, topics
     from schemas.messages import (FAULT_INFRA, FAULT_NONE, FAULT_POLICY, EvaluateRequest, EvaluateResult, FilterRequest,
                                   FilterResult, RequestHeader)

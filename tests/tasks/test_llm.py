@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.tasks.llm import LLMComposer, extract_code
-from actors.tasks.seeds import catalog
+from cluster.tasks.llm import LLMComposer, extract_code
+from cluster.tasks.seeds import catalog
 
 ANSWER = """Here you go:
 ```python

@@ -1,0 +1,134 @@
+"""`kernelrl bench weights`: one policy version's publish -> received -> swapped time and GB/s, per transport.
+
+``fs``: export the tensors as a safetensors folder, publish it (copy + fsync + manifest), the actor
+verifies it, vLLM reloads it from disk. ``kafka``: export, send the folder's chunks, the actor writes them
+into its own folder, vLLM reloads from disk. ``memory``: the tensors go from memory into buckets over
+Kafka (cluster.weights.buckets), each verified bucket is staged in the engine, one pause loads them all
+(no file on either side). Stages run one after the other (publish, then receive, then swap), so their
+sum is an upper bound of a pipelined transfer. Baselines from the same run: ``memcpy_gb_s`` (one copy of
+the same bytes in memory) and ``kafka_raw`` (plain kafka-python producing then consuming the same bytes,
+in messages of the same size, with the bus's producer settings, through a one-partition topic).
+
+Extra arguments after `bench weights`, as words: model=random-100m|random-<N>m|tiny|PATH,
+transports=fs,kafka,memory, runs=2, swap=1 (0: no vLLM engine: publish and receive only), bucket_mb=256,
+chunk_mb=4.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cluster.weights.bench_parts import (EngineThread, kafka_raw, model_folder, run_fs, run_kafka,
+                                         run_memory)
+from learner.bench import memcpy_gb_s
+
+RUNNERS = {"fs": run_fs, "kafka": run_kafka, "memory": run_memory}
+
+
+def _options(rest: list[str]):
+    p = argparse.ArgumentParser(prog="kernelrl bench weights --")
+    p.add_argument("--model", default="random-100m", help="random-<N>m | tiny | an HF folder")
+    p.add_argument("--transports", default="fs,kafka,memory")
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--swap", type=int, default=1, help="1: load each version into a vLLM engine")
+    p.add_argument("--bucket-mb", type=int, default=256)
+    p.add_argument("--chunk-mb", type=float, default=4.0)
+    flat = []
+    for tok in rest:  # `kernelrl bench weights model=random-100m runs=1` (the bench CLI passes bare words)
+        if "=" in tok and not tok.startswith("-"):
+            k, v = tok.split("=", 1)
+            flat += [f"--{k.replace('_', '-')}", v]
+        else:
+            flat.append(tok)
+    o = p.parse_args(flat)
+    o.transports = [t for t in o.transports.split(",") if t]
+    bad = set(o.transports) - set(RUNNERS)
+    if bad:
+        p.error(f"unknown transports {sorted(bad)}; choose from {sorted(RUNNERS)}")
+    return o
+
+
+def _progress(fmt: str, *args) -> None:
+    """A progress line on stderr (stdout is the JSON's)."""
+    sys.stderr.write("[bench weights] " + (fmt % args) + "\n")
+    sys.stderr.flush()
+
+
+def _kafka(cfg):
+    """The bus for this run (a broker started here if none is configured or running) and its cleanup."""
+    from cluster.broker import embedded as broker
+    from cluster.bus import topics_admin
+    from cluster.bus.client import Bus
+
+    started = False
+    if not cfg.bus.bootstrap_servers and not broker.status(cfg)["running"]:
+        broker.start(cfg, tie_to_parent=True)
+        started = True
+    cfg.bus.topic_prefix = f"{cfg.bus.topic_prefix}bench-weights-{int(time.time())}."
+    topics_admin.create_all(cfg)
+    bus = Bus(cfg, client_id="bench-weights")
+
+    def close() -> None:
+        bus.close()
+        try:
+            topics_admin.delete_prefix(cfg)
+        finally:
+            if started:
+                broker.stop(cfg)
+
+    return bus, close, started
+
+
+def _summary(name: str, runs: list[dict], nbytes: int, memcpy: float, raw: dict) -> dict:
+    out = {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0]}
+    out["total_s"] = round(sum(v for k, v in out.items() if k.endswith("_s")), 4)
+    out["gb_s"] = round(nbytes / out["total_s"] / 1e9, 4)
+    out["ratio_vs_memcpy"] = round(out["gb_s"] / memcpy, 5)
+    if name in ("kafka", "memory"):  # bytes over the broker: publish (send, without export) + receive
+        moved = out["publish_s"] + out["receive_s"]  # memory: receive includes staging that did not overlap
+        out["transfer_gb_s"] = round(nbytes / moved / 1e9, 4)
+        out["transfer_ratio_vs_kafka_raw"] = round(out["transfer_gb_s"] / raw["gb_s"], 4)
+    return out
+
+
+def run_bench(args, cfg) -> dict:
+    o = _options(list(getattr(args, "rest", []) or []))
+    cfg.learner.chunk_bytes = int(o.chunk_mb * (1 << 20))
+    cfg.learner.weight_bucket_bytes = o.bucket_mb << 20
+    tmp = Path(tempfile.mkdtemp(prefix="krl-bench-weights-"))
+    bus, close_bus, started = _kafka(cfg)
+    engine = None
+    try:
+        folder, state, nbytes, params = model_folder(o.model, cfg, tmp)
+        _progress("%s, %.1f M parameters, %.1f MB", o.model, params / 1e6, nbytes / 1e6)
+        memcpy = memcpy_gb_s(nbytes)
+        raw = kafka_raw(cfg, nbytes, cfg.learner.chunk_bytes)
+        _progress("memcpy %.2f GB/s; kafka raw produce+consume %.3f GB/s", memcpy, raw["gb_s"])
+        if o.swap:
+            _progress("starting a vLLM engine on %s", folder)
+            engine = EngineThread(str(folder), cfg)
+        results = {}
+        for name in o.transports:
+            runs = []
+            for i in range(o.runs):
+                runs.append(RUNNERS[name](cfg, bus, engine, folder, state, tmp))
+                _progress("%s run %d: %s", name, i + 1, {k: round(v, 3) for k, v in runs[-1].items()})
+            results[name] = _summary(name, runs, nbytes, memcpy, raw)
+    finally:
+        if engine is not None:
+            engine.close()
+        close_bus()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = {"model": o.model, "params": params, "bytes": nbytes, "runs": o.runs, "swap": bool(o.swap),
+           "chunk_bytes": cfg.learner.chunk_bytes, "bucket_bytes": cfg.learner.weight_bucket_bytes,
+           "memcpy_gb_s": round(memcpy, 4), "kafka_raw": raw, "transports": results,
+           "broker": "embedded (started for this run)" if started else "configured"}
+    for other in ("fs", "kafka"):
+        if "memory" in results and other in results:
+            out[f"memory_speedup_vs_{other}"] = round(results[other]["total_s"] / results["memory"]["total_s"], 3)
+    return out

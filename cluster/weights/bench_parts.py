@@ -1,0 +1,217 @@
+"""The pieces of `kernelrl bench weights`: the model under test, baselines, an engine, one timed run per transport.
+
+Each ``run_<transport>(cfg, bus, engine, folder, state, tmp)`` moves one new version of ``state`` (the
+policy's tensors, in memory) from the learner's side to the engine and returns its stage times in
+seconds; ``engine`` may be None (no swap is timed then).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+_versions = itertools.count(1)
+MODEL_NAME = "bench-policy"
+
+
+# ---- the model ----------------------------------------------------------------------------
+def _random_model(dst: Path, params_m: int, tiny: str) -> None:
+    """A random float32 Qwen2 of about ``params_m`` million parameters (hidden 1024, tied embeddings) with
+    the tiny model's tokenizer files, so a vLLM engine can serve it."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab, hidden, inter = 32000, 1024, 2816
+    per_layer = 2 * hidden * hidden + 2 * hidden * 256 + 3 * hidden * inter  # q,o + k,v (4 kv heads of 64) + MLP
+    layers = max(1, round((params_m * 1e6 - vocab * hidden) / per_layer))
+    torch.manual_seed(0)
+    conf = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
+                       max_position_embeddings=4096)
+    Qwen2ForCausalLM(conf).to(torch.float32).save_pretrained(str(dst), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (Path(tiny) / name).exists():
+            shutil.copyfile(Path(tiny) / name, dst / name)
+
+
+def model_folder(spec: str, cfg, tmp: Path):
+    """(folder, tensors by name in memory, bytes, parameters) of ``spec``: random-<N>m, tiny or a folder."""
+    from cluster.models.tiny import build_tiny_model, default_tiny_model_dir
+    from cluster.weights.buckets import folder_tensors
+
+    tiny = build_tiny_model(default_tiny_model_dir(cfg))
+    m = re.fullmatch(r"random-(\d+)m", spec)
+    if m:
+        folder = tmp / spec
+        _random_model(folder, int(m[1]), tiny)
+    elif spec == "tiny":
+        folder = Path(tiny)
+    else:
+        from cluster.models.importer import resolve_model_path
+
+        folder = Path(resolve_model_path(cfg, spec))
+    state = {k: v.contiguous() for k, v in folder_tensors(folder)}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    return folder, state, nbytes, sum(t.numel() for t in state.values())
+
+
+# ---- baselines ----------------------------------------------------------------------------
+
+
+def kafka_raw(cfg, nbytes: int, chunk: int) -> dict:
+    """Plain kafka-python: produce ``nbytes`` random bytes in ``chunk``-sized messages, then consume them."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    from cluster.bus.clients import connection_kwargs, consumer_kwargs, producer_kwargs
+
+    topic = f"{cfg.bus.topic_prefix}bench.raw"
+    admin = KafkaAdminClient(**connection_kwargs(cfg, "bench-raw-admin"))
+    limit = str(cfg.topics.weights_max_message_bytes + (1 << 20))
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": limit})])
+    admin.close()
+    data = memoryview(np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8).tobytes())
+    prod = KafkaProducer(**producer_kwargs(cfg, "bench-raw"))
+    t0 = time.perf_counter()
+    for off in range(0, nbytes, chunk):
+        prod.send(topic, bytes(data[off:off + chunk]))
+    prod.flush()
+    t1 = time.perf_counter()
+    prod.close()
+    cons = KafkaConsumer(**consumer_kwargs(cfg, "bench-raw-c", None))
+    tp = TopicPartition(topic, 0)
+    cons.assign([tp])
+    cons.seek_to_beginning(tp)
+    got, t2 = 0, time.perf_counter()
+    while got < nbytes:
+        for recs in cons.poll(timeout_ms=500).values():
+            got += sum(len(r.value) for r in recs)
+        if time.perf_counter() - t2 > 600:
+            raise TimeoutError(f"kafka raw: {got}/{nbytes} bytes consumed in 600 s")
+    t3 = time.perf_counter()
+    cons.close()
+    return {"produce_s": round(t1 - t0, 4), "consume_s": round(t3 - t2, 4),
+            "gb_s": round(nbytes / (t1 - t0 + t3 - t2) / 1e9, 4)}
+
+
+# ---- the engine ---------------------------------------------------------------------------
+class EngineThread:
+    """A VLLMPolicy on an event loop of its own thread (as in an actor: swaps while the loop runs)."""
+
+    def __init__(self, model_path: str, cfg) -> None:
+        import copy
+
+        from actors.policy_vllm import VLLMPolicy
+
+        acfg = copy.copy(cfg.actor)
+        acfg.max_context_tokens, acfg.kv_cache_mb = 2048, 64
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="bench-engine", daemon=True)
+        self.thread.start()
+        self.policy = self.run(VLLMPolicy.start(model_path, acfg))
+
+    def run(self, coro, timeout: float = 900.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.run(self.policy.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+# ---- one version per transport ------------------------------------------------------------
+def _export(state: dict, folder: Path, out: Path) -> Path:
+    """What a learner writes for the disk transports: the tensors as safetensors plus the folder's other files."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for p in folder.iterdir():
+        if p.is_file() and p.suffix != ".safetensors":
+            shutil.copyfile(p, out / p.name)
+    return out
+
+
+def _timed(stages: dict, name: str, fn, *a):
+    t = time.perf_counter()
+    out = fn(*a)
+    stages[name] = time.perf_counter() - t
+    return out
+
+
+def run_fs(cfg, bus, engine, folder, state, tmp: Path) -> dict:
+    from cluster.weights import transport as wt
+
+    v, st = next(_versions), {}
+    export = _timed(st, "export_s", _export, state, folder, tmp / f"export-{v}")
+    prod = bus.producer()
+    try:
+        t = time.perf_counter()
+        ann = wt.publish_fs(tmp / "fs", MODEL_NAME, v, export)
+        wt.announce(prod, ann)
+        st["publish_s"] = time.perf_counter() - t
+    finally:
+        prod.close()
+    got = _timed(st, "receive_s", wt.receive, None, ann, tmp / "actor")
+    if engine is not None:
+        _timed(st, "swap_s", engine.run, engine.policy.swap_weights(str(got), v))
+    shutil.rmtree(export)
+    shutil.rmtree(got)
+    return st
+
+
+def run_kafka(cfg, bus, engine, folder, state, tmp: Path) -> dict:
+    from cluster.weights import transport as wt
+
+    v, st = next(_versions), {}
+    export = _timed(st, "export_s", _export, state, folder, tmp / f"export-{v}")
+    prod = bus.producer()
+    try:
+        t = time.perf_counter()
+        ann = wt.publish_kafka(prod, MODEL_NAME, v, export, cfg.learner.chunk_bytes)
+        wt.announce(prod, ann)
+        st["publish_s"] = time.perf_counter() - t
+    finally:
+        prod.close()
+    got = _timed(st, "receive_s", wt.receive, bus, ann, tmp / "actor", 600.0)
+    if engine is not None:
+        _timed(st, "swap_s", engine.run, engine.policy.swap_weights(str(got), v))
+    shutil.rmtree(export)
+    shutil.rmtree(got)
+    return st
+
+
+def run_memory(cfg, bus, engine, folder, state, tmp: Path) -> dict:
+    from cluster.weights import buckets as wb
+    from cluster.weights import transport as wt
+
+    v, st, lc = next(_versions), {}, cfg.learner
+    prod = bus.producer()
+    try:
+        t = time.perf_counter()
+        ann = wb.publish_kafka_buckets(prod, MODEL_NAME, v, wb.pack(state.items(), lc.weight_bucket_bytes),
+                                       lc.chunk_bytes)
+        wt.announce(prod, ann)
+        st["publish_s"] = time.perf_counter() - t
+    finally:
+        prod.close()
+    key = f"{MODEL_NAME}:{v}"
+
+    def submit(i: int, data: bytes):  # what the actor does: stage it in the engine (or parse it) meanwhile
+        if engine is not None:
+            return asyncio.run_coroutine_threadsafe(engine.policy.stage_bucket(key, i, data), engine.loop)
+        done: Future = Future()
+        done.set_result(wb.tensors_of(data))
+        return done
+
+    _timed(st, "receive_s", wb.receive_pipelined, bus, ann, submit, 600.0)
+    if engine is not None:
+        _timed(st, "swap_s", engine.run, engine.policy.swap_staged(key, len(ann.buckets), v))
+    return st

@@ -1,0 +1,144 @@
+"""A policy version on disk: its folder, its manifest and digests, and atomic ``fs`` publishing.
+
+The shared ground of cluster.weights.transport (kafka/fs) and cluster.weights.stream (nccl), which both
+import it (and nothing of each other's but the stream receiver): a version lives in
+``<root>/<model>/v<version>`` with a ``MANIFEST.json``; its digest is a sha256 over the
+"<name> <file sha256>" lines in name order; a folder is published by writing a temporary folder, fsyncing
+and renaming it, so a half-written version is never seen.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from cluster.errors import KernelRLError
+from schemas.messages import WeightAnnouncement
+
+MANIFEST = "MANIFEST.json"
+
+
+class WeightsCorrupt(KernelRLError):
+    """A version's bytes do not match their checksums: it must not be applied."""
+
+
+class WeightsMissing(WeightsCorrupt):
+    """The announced location does not hold the version (no folder; chunks the log does not have, as for a
+    half-sent version): it must not be applied, and waiting will not help."""
+
+
+def version_dir(root: str | os.PathLike, model_name: str, version: int) -> Path:
+    return Path(root) / model_name / f"v{version:08d}"
+
+
+def version_files(folder: Path) -> list[Path]:
+    """The files a version consists of (the manifest and hidden files are not part of it)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
+
+
+def _sha_file(path: Path, bufsize: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(bufsize):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_digest(files: dict[str, str]) -> str:
+    """The version's digest: sha256 over "<name> <sha256>" lines in name order (covers every byte)."""
+    return hashlib.sha256("".join(f"{n} {h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
+
+
+def folder_digest(folder: str | os.PathLike) -> tuple[dict[str, str], str, int]:
+    """(file name -> sha256, manifest digest, total bytes)."""
+    per_file, total = {}, 0
+    for p in version_files(Path(folder)):
+        per_file[p.name] = _sha_file(p)
+        total += p.stat().st_size
+    return per_file, manifest_digest(per_file), total
+
+
+def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: str | os.PathLike,
+               step: int = 0) -> WeightAnnouncement:
+    """Copy ``folder`` into <root>/<model>/v<version> atomically (tmp + rename), with a manifest."""
+    dest = version_dir(root, model_name, version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".v{version:08d}.", dir=dest.parent))
+    try:
+        per_file, total = {}, 0
+        for p in version_files(Path(folder)):
+            per_file[p.name], n = _copy_hashing(p, tmp / p.name)
+            total += n
+        whole = manifest_digest(per_file)
+        ann = WeightAnnouncement(model_name=model_name, version=version, transport="fs",
+                                 uri=str(dest.resolve()), num_chunks=len(per_file), total_bytes=total,
+                                 sha256=whole, files=per_file, step=step)
+        if dest.exists():
+            have = json.loads((dest / MANIFEST).read_text())
+            if have.get("sha256") != whole:
+                raise WeightsCorrupt(f"{dest} already holds different bytes for version {version}: versions "
+                                     "must not be reused")
+            return ann
+        _write_manifest(tmp, ann)
+        os.rename(tmp, dest)
+        _fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ann
+
+
+def _copy_hashing(src: Path, dst: Path, bufsize: int = 8 << 20) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while block := fi.read(bufsize):
+            h.update(block)
+            fo.write(block)
+            n += len(block)
+        fo.flush()
+        os.fsync(fo.fileno())
+    return h.hexdigest(), n
+
+
+def _write_manifest(folder: Path, ann: WeightAnnouncement) -> None:
+    with open(folder / MANIFEST, "w") as f:
+        json.dump({"model_name": ann.model_name, "version": ann.version, "files": ann.files,
+                   "sha256": ann.sha256, "total_bytes": ann.total_bytes}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def existing_fs(root: str | os.PathLike, model_name: str, version: int, step: int = 0) -> WeightAnnouncement | None:
+    """The announcement of a version already complete under ``root`` (after a restart), else None."""
+    dest = version_dir(root, model_name, version)
+    try:
+        have = json.loads((dest / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return WeightAnnouncement(model_name=model_name, version=version, transport="fs", uri=str(dest.resolve()),
+                              num_chunks=len(have["files"]), total_bytes=int(have["total_bytes"]),
+                              sha256=have["sha256"], files=dict(have["files"]), step=step)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
+        pass
+
+
+def verify_folder(folder: str | os.PathLike, ann: WeightAnnouncement) -> None:
+    per_file, whole, total = folder_digest(folder)
+    if per_file != ann.files or whole != ann.sha256 or total != ann.total_bytes:
+        bad = sorted(n for n in set(per_file) | set(ann.files) if per_file.get(n) != ann.files.get(n))
+        raise WeightsCorrupt(f"weights v{ann.version} at {folder}: checksum mismatch (files {bad or 'all'})")
