@@ -47,7 +47,7 @@ PROFILES = {
     "tiny": {"stages": "rft:2@3e-3,critic:1,ppo:6@2e-4", "tail_s": 60.0, "max_minutes": 30.0,
              "set": {"actor.max_new_tokens": 288, "learner.rft_epochs": 90, "learner.ppo_epochs": 4,
                      "learner.critic_lr": 1e-3}},
-    "real": {"stages": "rft:2@2e-4,ppo:3@2e-5", "tail_s": 240.0, "max_minutes": 55.0,
+    "real": {"stages": "rft:2@2e-4,ppo:3@2e-5", "tail_s": 240.0, "max_minutes": 60.0,
              "set": {"actor.max_new_tokens": 256, "learner.rft_epochs": 6, "learner.ppo_epochs": 1,
                      "learner.critic_lr": 1e-4, "learner.token_budget": 1536}},  # one episode per micro-batch
 }
