@@ -1,0 +1,1 @@
+"""What the agent reads: SKILL.md per backend, workspace templates and worked examples (package data)."""
