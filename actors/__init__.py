@@ -1,2 +1,2 @@
-"""The rollout actor: the agent loop, its local and remote tools, the policy backends (vLLM, scripted, OpenAI-
-compatible), and weight hot-swap."""
+"""The rollout actor: the agent loop, its local and remote tools, the policy backends (vLLM, scripted,
+OpenAI-compatible), and weight hot-swap."""
