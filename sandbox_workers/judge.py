@@ -287,7 +287,11 @@ class Judge:
         metas, out_bytes = self.outputs_layout()
         if not all(dtype in wire.DTYPES for _, dtype in metas):
             return  # outputs the echo cannot stand in for: the bound falls back to the baseline's overhead
+        # the same thread count as the model's runs: torch's default (every core, OpenMP spinning) made the echo
+        # up to 5x slower than a 1-thread candidate's whole trial on a loaded 2-core host, and that inflated
+        # overhead hid the work behind a forged CPU clock (docs/sandbox.md)
         self.ask({"op": "echo", "device": self.device, "lead_cycles": self.spec.get("lead_cycles", 0),
+                  "threads": self.spec.get("threads", 0),
                   "outs": [{"shape": shape, "dtype": dtype} for shape, dtype in metas]})
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         runs = [self.trial(b, [False] * b, out_bytes, guard=False) for _ in range(trials + 1)][1:]  # 1 warm-up

@@ -16,7 +16,7 @@ Messages (judge -> here -> judge):
                                              `device`, views of the device arena's input region, no copy)
   darena {}                              -> {ok, size}  (CUDA, before any model code: map the device arena
                                              whose descriptor the judge sent over the socketpair)
-  echo  {outs: [{shape, dtype}, ...]}     -> {ok}   (before any model code: a trusted stand-in model that
+  echo  {outs: [{shape, dtype}, ...], threads} -> {ok}   (before any model code: a trusted stand-in model that
                                              returns empty outputs of the task's shapes, so the judge can
                                              time the protocol's own overhead in this process)
   run   {keys: [int, ...], lo, hi, device} -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal, time the calls,
@@ -176,6 +176,8 @@ class Remote:
         if not self.locked:
             self.lock_down()
         self.lead_cycles = int(msg.get("lead_cycles", 0))  # the same GPU spin before the calls as the model's runs
+        if msg.get("threads"):  # the same CPU threads as the model's runs (load sets them the same way)
+            torch.set_num_threads(int(msg["threads"]))
         specs = [(list(o["shape"]), wire.DTYPES[o["dtype"]]) for o in msg["outs"]]
         device = self.device
         self.model = lambda *inputs: [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
