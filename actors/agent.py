@@ -28,6 +28,7 @@ from actors.tools_local import LocalTools, truncate
 from actors.tools_remote import RemoteTools, episode_reward, reward_undetermined
 from actors.trajectory import TrajectoryBuilder
 from actors.workspace import Workspace
+from cluster.config import stage_episode_mode
 from schemas.messages import REWARD_OK, REWARD_UNDETERMINED, Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,9 @@ class EpisodeLimits:
     def from_config(cls, acfg: Any, *, evaluation: bool = False) -> "EpisodeLimits":
         return cls(max_turns=acfg.eval_max_turns if evaluation else acfg.max_turns,
                    max_context_tokens=acfg.max_context_tokens, max_new_tokens=acfg.max_new_tokens,
-                   mode=_fixed_mode(acfg.episode_mode), reward_from=acfg.reward_from,
+                   mode=stage_episode_mode(acfg.episode_mode, "ppo"), reward_from=acfg.reward_from,
                    max_observation_chars=acfg.max_observation_chars,
                    final_eval_mode=getattr(acfg, "final_eval_mode", "both"))
-
-
-def _fixed_mode(mode: str) -> str:
-    """``by_stage`` is resolved per episode (Actor.limits_now); outside a stage schedule it is multi-turn."""
-    return "multi_turn" if mode == "by_stage" else mode
 
 
 def task_prompt(task: Task, single_turn: bool) -> str:

@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from cluster.config import stage_episode_mode
 from schemas import topics as T
 from schemas.messages import Task, new_id
 
@@ -47,7 +48,7 @@ async def _replay(cfg: Any, tasks: list[Task], count: int, model_path: str) -> d
     from actors.actor import Actor
     from actors.policy import ScriptedPolicy, load_tokenizer
 
-    mode = "multi_turn" if cfg.actor.episode_mode == "by_stage" else cfg.actor.episode_mode  # RFT is multi-turn
+    mode = stage_episode_mode(cfg.actor.episode_mode, "rft")  # demonstrations are RFT's
     demo_tasks = [(t, script_for(t, mode)) for t in tasks]
     demo_tasks = [(t, s) for t, s in demo_tasks if s]
     if not demo_tasks or count <= 0:

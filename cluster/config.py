@@ -524,12 +524,19 @@ def episode_mode_at(cfg: Config, learner_steps_done: int) -> str:
     """The episode mode (single_turn | multi_turn) of an episode that starts once the learner has finished
     ``learner_steps_done`` steps: ``actor.episode_mode`` itself, or with ``by_stage`` the mode of the stage the
     learner's next step runs (warm-up is single-turn PPO; the other stages are multi-turn)."""
-    mode = cfg.actor.episode_mode
-    if mode != "by_stage":
-        return mode
+    if cfg.actor.episode_mode != "by_stage":
+        return cfg.actor.episode_mode
     from learner.stages import Schedule  # pure Python, like validate's
 
-    return "single_turn" if Schedule.from_config(cfg.learner).at(learner_steps_done).stage == "warmup" else "multi_turn"
+    return stage_episode_mode(cfg.actor.episode_mode, Schedule.from_config(cfg.learner).at(learner_steps_done).stage)
+
+
+def stage_episode_mode(mode: str, stage: str) -> str:
+    """``actor.episode_mode`` for an episode trained on by ``stage``: ``by_stage`` is single-turn for the warm-up
+    (the recipe's single-turn PPO) and multi-turn for RFT, the critic and PPO; the other modes are themselves."""
+    if mode != "by_stage":
+        return mode
+    return "single_turn" if stage == "warmup" else "multi_turn"
 
 
 def cache_path(cfg: Config, *parts: str) -> Path:

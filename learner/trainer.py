@@ -114,13 +114,13 @@ class Trainer:
         t0 = time.perf_counter()
         mine, pads = self._local_batches(samples)
         batches = [b.to(self.device) for b in mine + pads]
-        baselines = leave_one_out_baselines(samples) if self.cfg.learner.advantage == "rloo" else {}
         if self.stage == "rft":
             metrics = self._sft(batches)
         elif self.stage == "critic":
             metrics = self._ppo(batches, train_policy=False)
         else:
-            metrics = self._ppo(batches, train_policy=True, baselines=baselines)
+            rloo = self.cfg.learner.advantage == "rloo"
+            metrics = self._ppo(batches, train_policy=True, baselines=leave_one_out_baselines(samples) if rloo else {})
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
         metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
         return metrics
@@ -145,7 +145,6 @@ class Trainer:
     def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None) -> dict:
         lc = self.cfg.learner
         need_prox = train_policy and self.params.mode != "none"
-        baselines = baselines if train_policy else {}
         prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines) for mb in batches]
         if lc.whiten_advantages and train_policy and not baselines:  # a leave-one-out baseline centres already
             self._whiten(prepared, batches)

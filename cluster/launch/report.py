@@ -113,27 +113,25 @@ def learning_curve(trajectories: list, steps: list) -> dict:
     counts for the version it started with. Undetermined rewards are left out. Episodes of held-out tasks
     (``metadata.heldout``, never trained on) are counted apart, in ``heldout_by_version``; ``by_step`` is
     each learner step's trained episodes (count, mean reward) and when its record was written."""
-    by_version: dict[int, list[float]] = {}
-    heldout: dict[int, list[float]] = {}
+    by_version: dict[int, list] = {}  # version -> its own episodes
+    heldout: dict[int, list] = {}
     demos = [t for t in trajectories if t.metadata.get("demonstration")]
-    modes: dict[tuple, set[str]] = {}  # (held out, version) -> the episode modes sampled (episode_mode by_stage)
     for t in trajectories:
         meta = t.metadata
         if meta.get("demonstration") or not meta.get("trainable", True) or t.reward_status == REWARD_UNDETERMINED:
             continue
         into = heldout if meta.get("heldout") else by_version
-        into.setdefault(int(meta.get("version_start", 0)), []).append(float(t.reward))
-        modes.setdefault((into is heldout, int(meta.get("version_start", 0))), set()).add(t.mode)
+        into.setdefault(int(meta.get("version_start", 0)), []).append(t)
     made_by = {}  # version -> the stage of the step that published it
     for st in sorted(steps, key=lambda s: s.step):
         made_by.setdefault(st.policy_version, st.stage)
 
-    def rows(by: dict[int, list[float]]) -> list[dict]:
-        held = by is heldout
-        return [{"version": v, "stage": made_by.get(v, "initial" if v == 0 else ""), "episodes": len(rs),
-                 "pass_rate": sum(r > 0 for r in rs) / len(rs), "mean_reward": sum(rs) / len(rs),
-                 "modes": sorted(modes.get((held, v), ()))}
-                for v, rs in sorted(by.items())]
+    def rows(by: dict[int, list]) -> list[dict]:
+        return [{"version": v, "stage": made_by.get(v, "initial" if v == 0 else ""), "episodes": len(ts),
+                 "pass_rate": sum(t.reward > 0 for t in ts) / len(ts),
+                 "mean_reward": sum(float(t.reward) for t in ts) / len(ts),
+                 "modes": sorted({t.mode for t in ts})}  # single/multi-turn (actor.episode_mode by_stage)
+                for v, ts in sorted(by.items())]
 
     reward = {t.episode_id: float(t.reward) for t in trajectories if t.reward_status != REWARD_UNDETERMINED}
     held_ids = {t.episode_id for t in trajectories if t.metadata.get("heldout")}

@@ -137,7 +137,10 @@ def _cpu_slices(cfg: Config, n: int) -> list[list[str]]:
     return [["--set", f"sandbox.cpu_cores={cpuset.format_list(part)}"] for part in cpuset.split(cores, n)]
 
 
-def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:
+def _gates(bus, cfg: Config, tasks: list) -> list[tuple[str, str, int]]:
+    """(group, topic, lag limit) per backlog the feeder waits on: the actors' tasks, and (unless scripted actors
+    run) the learner's trajectories, widened by the held-out tasks' share, whose episodes the learner reads but
+    never trains on."""
     from schemas import topics
 
     in_flight = max(2, cfg.actor.concurrency * (cfg.cluster.actors + cfg.cluster.scripted_actors))
@@ -146,7 +149,9 @@ def _gates(bus, cfg: Config) -> list[tuple[str, str, int]]:
     if not cfg.cluster.scripted_actors:
         # Scripted trajectories are never trained on (no log-probs), so with scripted actors
         # a trajectory backlog could fill up with them and starve the trainable ones.
-        gates.append((bus.group("learner"), topics.TRAJECTORIES, max(ahead - in_flight, cfg.learner.batch_trajectories)))
+        limit = max(ahead - in_flight, cfg.learner.batch_trajectories)
+        held = sum(1 for t in tasks if t.metadata.get("heldout"))
+        gates.append((bus.group("learner"), topics.TRAJECTORIES, -(-limit * len(tasks) // max(1, len(tasks) - held))))
     return gates
 
 
@@ -227,14 +232,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
         tasks += load_heldout_tasks(child.cluster.heldout_task_dir, tasks, backend=child.sandbox.backend)
     for t in tasks:  # read by scripted actors only: real tool traffic through the workers
         t.metadata["scripted_turns"] = list(DEMO_SCRIPT)
-    gates = _gates(bus, child)
-    held = sum(1 for t in tasks if t.metadata.get("heldout"))
-    if held:  # held-out episodes fill the learner's backlog but are never trained: widen its gate by their share
-        from schemas import topics
-
-        gates = [(g, tp, -(-limit * len(tasks) // (len(tasks) - held)) if tp == topics.TRAJECTORIES else limit)
-                 for g, tp, limit in gates]
-    feeder = run["feeder"] = Feeder(bus, tasks, gates).start()
+    feeder = run["feeder"] = Feeder(bus, tasks, _gates(bus, child, tasks)).start()
     # The written config is fully resolved (env and --set included): children must not
     # re-apply KRL__ overrides on top of it (the run's own topic prefix would be lost).
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}

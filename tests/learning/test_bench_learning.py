@@ -162,3 +162,23 @@ def test_summary_json_shape(tmp_path):
     assert not bl.summarize(rep, model="tiny", stages="", started_ms=0, ended_ms=1)["ok"]
     png = bl.plot(out, tmp_path / "curves.png")
     assert Path(png).stat().st_size > 1000
+
+
+def test_the_learner_backlog_gate_widens_by_the_heldout_share():
+    """Held-out episodes sit in the learner's backlog without being trained: with 2 of 5 tasks held out the
+    trajectory gate is 5/3 of the plain one (rounded up), so they cannot shut the feeder out."""
+    import types
+
+    from cluster.config import Config
+    from cluster.launch.run_loop import _gates
+    from schemas import Task, topics
+
+    cfg = Config()
+    cfg.learner.batch_trajectories, cfg.learner.max_staleness = 4, 2
+    bus = types.SimpleNamespace(group=lambda name: name)
+    train = [Task(task_id=f"t{i}", model_py="") for i in range(3)]
+    held = [Task(task_id=f"h{i}", model_py="", metadata={"heldout": True}) for i in range(2)]
+    plain = dict((tp, lim) for _, tp, lim in _gates(bus, cfg, train))
+    wide = dict((tp, lim) for _, tp, lim in _gates(bus, cfg, train + held))
+    assert wide[topics.TASKS] == plain[topics.TASKS]
+    assert wide[topics.TRAJECTORIES] == -(-plain[topics.TRAJECTORIES] * 5 // 3) > plain[topics.TRAJECTORIES]
