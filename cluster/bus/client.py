@@ -357,6 +357,8 @@ class Consumer:
         self.stats["commits"] += 1
         for tp, o in targets.items():
             self._committed[tp] = max(o, self._committed.get(tp, -1))
+            if sync:
+                self._acked[tp] = max(o, self._acked.get(tp, -1))
         return True
 
     def _on_async_commit(self, offsets, response) -> None:
@@ -364,11 +366,14 @@ class Consumer:
             from kafka.errors import CommitFailedError
 
             self.stats["commit_failures"] += 1
-            if isinstance(response, CommitFailedError):  # no longer a member: the new owner redoes the work
-                log.warning("async commit refused (this consumer left the group; its records will be served "
-                            "by the partition's new owner): %s", response)
-                return
-            log.warning("async commit failed (sent again when the consumer is idle): %s", response)
+            if isinstance(response, CommitFailedError):
+                # The group rebalanced under the commit. If the partition comes back to this member, kafka-python
+                # keeps its fetch position, so the record is never redelivered: the commit must be sent again
+                # (``_Listener`` keeps this for kept partitions and forgets it for moved ones).
+                log.warning("async commit refused by a rebalance (sent again if this consumer keeps the "
+                            "partition): %s", response)
+            else:
+                log.warning("async commit failed (sent again when the consumer is idle): %s", response)
             for tp, om in offsets.items():
                 self._failed[tp] = max(om.offset, self._failed.get(tp, -1))
             return
@@ -378,7 +383,9 @@ class Consumer:
     def recommit_failed(self) -> None:
         """Send again the async commits that failed (a busy coordinator); without this the last record of a
         burst stays uncommitted until the next record or shutdown, and is served twice after a crash."""
-        targets = {tp: o for tp, o in self._failed.items() if o > self._acked.get(tp, -1) and tp in self._committed}
+        owned = self._c.assignment() if self._failed else set()
+        targets = {tp: o for tp, o in self._failed.items()
+                   if o > self._acked.get(tp, -1) and tp in self._committed and tp in owned}
         if not targets:
             self._failed.clear()
             return
@@ -389,6 +396,16 @@ class Consumer:
             self._failed.clear()
         except BusError as exc:
             log.warning("commit sent again failed (next idle poll tries again): %s", exc)
+
+    def _reassigned(self, kept, assigned) -> None:
+        """After a rebalance: partitions this member held and got back keep their fetch position in
+        kafka-python, so their bookkeeping stays too, and a commit not yet acknowledged (refused by the
+        rebalance, or still in flight) is sent again at the next idle poll. Every other partition starts fresh."""
+        self._forget(set(assigned) - set(kept))
+        for tp in kept:
+            done = self._committed.get(tp, -1)
+            if done > self._acked.get(tp, -1):
+                self._failed[tp] = max(done, self._failed.get(tp, -1))
 
     def _forget(self, partitions) -> None:
         for tp in partitions:
@@ -446,19 +463,26 @@ def _listener_base():
 
 
 class _Listener(_listener_base()):
-    """Forget per-partition bookkeeping when partitions move."""
+    """Per-partition bookkeeping across rebalances. Under the eager protocol "revoked" is a notice: a partition
+    that comes straight back keeps its position (kafka-python 3), so its bookkeeping is kept until the assignment
+    says whether it moved. Lost partitions (membership expired) restart from the committed offset: forgotten."""
 
     def __init__(self, consumer: Consumer):
         self._consumer = consumer
+        self._revoked: set = set()
 
     def on_partitions_revoked(self, revoked):
-        self._consumer._forget(revoked)
+        self._revoked |= set(revoked)
 
     def on_partitions_assigned(self, assigned):
-        self._consumer._forget(assigned)
+        kept = self._revoked & set(assigned)
+        self._consumer._forget(self._revoked - kept)
+        self._revoked = set()
+        self._consumer._reassigned(kept, assigned)
 
     def on_partitions_lost(self, lost):
-        self._consumer._forget(lost)
+        self._consumer._forget(set(lost) | self._revoked)
+        self._revoked = set()
 
 
 __all__ = ["Bus", "Producer", "Consumer", "Received", "BusError", "MessageTooLarge",

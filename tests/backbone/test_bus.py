@@ -198,3 +198,54 @@ def test_group_of_two_splits_partitions_and_rebalances_when_one_leaves(make_cfg)
     assert len(ids) == 60  # clean hand-over: committed work is not redelivered
     assert bus.lag("split", [T.TASKS]) == {T.TASKS: 0}
     bus.close()
+
+
+
+def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(make_cfg, monkeypatch):
+    """kafka-python 3 keeps a partition's fetch position when a rebalance gives it straight back, so a record
+    whose commit the rebalance refused is never redelivered: the consumer must send that commit again itself
+    (seen as a worker's last request staying uncommitted for a minute). Member A handles one record per partition;
+    its async commit is refused (injected at the client: the broker refuses only inside the rebalance's own
+    JoinGroup/SyncGroup window, which a test cannot hit on purpose); B joins, A keeps one partition and its
+    commit lands, and B is served the other partition's record again."""
+    from kafka.errors import CommitFailedError
+
+    from cluster.bus.scan import committed_offsets
+
+    cfg = make_cfg(topics__partitions=2)
+    bus = Bus(cfg, client_id="rejoin")
+    prod = bus.producer()
+    for p in (0, 1):
+        prod.send(T.TASKS, Task(task_id=f"t{p}", model_py="m"), key="k", partition=p).get(10)
+    prod.close()
+    a = bus.consumer([T.TASKS], group_id="rejoin", client_id="a")
+    got = []
+    _wait(lambda: got.extend(a.poll(timeout_s=0.2)) or len(got) == 2, what="a's two records")
+    monkeypatch.setattr(a.kafka, "commit_async",
+                        lambda offsets, callback: callback(offsets, CommitFailedError("rebalance in progress")))
+    assert a.commit(sync=False)
+    monkeypatch.undo()
+    b = _Member(bus, "b")
+    b.consumer.close()
+    b.consumer = bus.consumer([T.TASKS], group_id="rejoin", client_id="b")
+    b.start()
+    redelivered = []
+
+    def a_polls(resend: bool) -> bool:
+        redelivered.extend(a.poll(timeout_s=0.2))
+        if resend:
+            a.recommit_failed()  # what serve() does on an idle poll (not before the split: that would be too easy)
+        return len(a.assignment()) == 1 and len(b.assigned) == 1
+
+    _wait(lambda: a_polls(False), what="a 1/1 split")
+    (_, kept), = a.assignment()
+    assert not [r for r in redelivered if r.partition == kept], "the kept partition's position was reset"
+    assert committed_offsets(bus, bus.group("rejoin"), T.TASKS).get(kept) == 0
+    _wait(lambda: a_polls(True) and committed_offsets(bus, bus.group("rejoin"), T.TASKS).get(kept) == 1,
+          what=f"the kept partition {kept}'s commit")
+    _wait(lambda: b.records, what="b served the moved partition's uncommitted record")
+    assert {r.partition for r in b.records} == {1 - kept}
+    b.stop.set()
+    b.join(10)
+    a.close()
+    bus.close()
