@@ -1,4 +1,5 @@
-"""Load generator for the sandbox topics: open-loop compile/evaluate requests, latency and lag report.
+"""Load generator for the sandbox topics: compile/evaluate requests (open loop at a rate, or a saturating closed
+loop), latency, lag and throughput report.
 
 Requests come from (task, solution) pairs: the shipped examples of the backend, plus
 (with a task corpus such as ../shared/kernelbench) every task file at shrunken shapes
@@ -16,10 +17,11 @@ import statistics
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandbox_workers import workspace
+from sandbox_workers.stress_load import Progress, closed_loop as run_closed, open_loop, partition_keys, \
+    topic_partitions, warm_up
 
 log = logging.getLogger(__name__)
 SKILLS = Path(__file__).resolve().parent.parent / "skills"
@@ -98,7 +100,11 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str | None = None,
                eval_fraction: float = 0.5, cache_hits: float = 0.0, concurrency: int = 64,
-               timeout_s: float = 600.0, examples: str = "*") -> dict:
+               timeout_s: float = 600.0, examples: str = "*", closed_loop: int = 0,
+               warmup_partitions: tuple[int, ...] = ()) -> dict:
+    """Open loop at ``rate`` requests/s; or, with ``closed_loop`` > 0, that many requests kept in flight on every
+    partition of the evaluate topic (a saturating load that never builds a backlog). ``warmup_partitions``: one
+    evaluation sent to each, all answered before the clock starts (and not counted)."""
     from cluster.bus.client import Bus, RequestClient
     from schemas import topics
     from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
@@ -111,30 +117,38 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     rec = {"compile": [], "evaluate": []}
     phases: dict[str, list[float]] = {}  # evaluation phase -> seconds, from each reply's evidence
     busy: dict[str, float] = {}
-    counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}}
+    # baselines_measured: evaluations that timed the task's baselines (no cached ones, or cached ones too noisy)
+    counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}, "baselines_measured": 0}
     gpu = _GpuSampler() if backend == "cuda" else None
     lag_max = {"compile": 0, "evaluate": 0}
 
-    def one(kind: str, i: int) -> None:
+    def one(kind: str, i: int, key: str | None = None, record: bool = True) -> bool:
+        """One request and its reply; True when answered. ``record=False`` (the warm-up) leaves no trace."""
         tid, model_py, files = pairs[i % len(pairs)]
-        salt = f"{i}" if rng.random() >= cache_hits else "0"
+        with lock:  # the generator is shared by the sender threads
+            salt = f"{i}" if rng.random() >= cache_hits else "0"
         t0 = time.monotonic()
         try:
             if kind == "compile":
                 msg = CompileRequest(header=RequestHeader(), episode_id=f"stress-{i}", files=_salted(files, salt),
                                      backend=backend)
-                reply = client.request(topics.TOOL_COMPILE, msg, timeout_s=timeout_s, retries=0)
+                reply = client.request(topics.TOOL_COMPILE, msg, timeout_s=timeout_s, retries=0, key=key)
                 ok = reply.ok
             else:
                 msg = EvaluateRequest(header=RequestHeader(), episode_id=f"stress-{i}", task_id=tid, model_py=model_py,
                                       files=files, mode="both", backend=backend)
-                reply = client.request(topics.evaluate_topic(backend), msg, timeout_s=timeout_s, retries=0)
+                reply = client.request(topics.evaluate_topic(backend), msg, timeout_s=timeout_s, retries=0, key=key)
                 ok = reply.compiled
         except Exception as exc:  # noqa: BLE001 - a lost request is a data point, not a crash of the tool
-            with lock:
-                counts["timeouts" if "imeout" in type(exc).__name__ else "failed"] += 1
-            return
+            if record:
+                with lock:
+                    counts["timeouts" if "imeout" in type(exc).__name__ else "failed"] += 1
+            else:
+                log.warning("warm-up request %d failed: %s: %s", i, type(exc).__name__, exc)
+            return False
         lat = time.monotonic() - t0
+        if not record:
+            return True
         with lock:
             rec[kind].append(lat)
             counts["ok" if ok else "failed"] += 1
@@ -142,25 +156,22 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
             if kind == "evaluate":
                 counts["rewards"][str(reply.reward)] = counts["rewards"].get(str(reply.reward), 0) + 1
                 phases.setdefault("queue_s", []).append(max(0.0, lat - float(reply.duration_s)))
+                counts["baselines_measured"] += (reply.evidence or {}).get("baseline_cached") is False
                 for name, sec in flat_phases((reply.evidence or {}).get("phases") or {}).items():
                     phases.setdefault(name, []).append(sec)
+        return True
 
+    keys = partition_keys(topic_partitions(bus, topics.evaluate_topic(backend))) if closed_loop or warmup_partitions else []
+    warm = warm_up(one, [keys[p % len(keys)] for p in warmup_partitions])
+    progress = Progress(duration_s, rec, counts)
     t_start = time.monotonic()
     stop_lag = threading.Event()
     lag_thread = threading.Thread(target=_sample_lag, args=(bus, backend, lag_max, stop_lag), daemon=True)
     lag_thread.start()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        i = 0
-        while time.monotonic() - t_start < duration_s:
-            due = t_start + i / rate
-            now = time.monotonic()
-            if due > now:
-                time.sleep(min(due - now, 0.2))
-                continue
-            kind = "evaluate" if rng.random() < eval_fraction else "compile"
-            pool.submit(one, kind, i)
-            counts["sent"] += 1
-            i += 1
+    if closed_loop:
+        run_closed(one, keys, closed_loop, duration_s, eval_fraction, rng, counts, lock, progress)
+    else:
+        open_loop(one, rate, duration_s, eval_fraction, rng, counts, concurrency, progress)
     wall = time.monotonic() - t_start
     stop_lag.set()
     lag_thread.join(timeout=10)
@@ -168,7 +179,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     end_lag = _lag(bus, backend)
     bus.close()
     done = len(rec["compile"]) + len(rec["evaluate"])
-    out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "rate": rate, "tasks": len(pairs),
+    out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "tasks": len(pairs),
+           **({"mode": "closed", "in_flight": closed_loop * len(keys)} if closed_loop else {"mode": "open", "rate": rate}),
+           "warmup": warm,
            **{k: v for k, v in counts.items()}, "throughput_per_s": done / wall if wall else 0.0,
            "lag_max": lag_max, "lag_end": end_lag,
            "worker_busy_fraction": {w: min(1.0, b / wall) for w, b in busy.items()}}
