@@ -71,6 +71,11 @@ class Publisher:
         if self.buckets and self.transport != "kafka":
             raise SetupError(f"learner.weight_layout 'buckets' needs weight_transport 'kafka', not {self.transport!r}")
         self.stream = None
+        self.delta = None  # learner.weight_compression: the encoder holding the last published buckets (deltas' base)
+        if self.buckets and lc.weight_compression != "none":
+            from cluster.weights.codec import encoder_for
+
+            self.delta = encoder_for(lc.weight_compression)
         if self.transport == "fs":
             from cluster.config import run_cache_path
 
@@ -130,7 +135,7 @@ class Publisher:
 
         lc = self.cfg.learner
         ann = wb.publish_kafka_buckets(self.producer, lc.model_name, version, wb.pack(tensors, lc.weight_bucket_bytes),
-                                       lc.chunk_bytes, step=step)
+                                       lc.chunk_bytes, step=step, delta=self.delta)
         wt.announce(self.producer, ann)
         log.info("published %s v%d (%d bytes in %d buckets via kafka, from memory)", lc.model_name, version,
                  ann.total_bytes, len(ann.buckets))

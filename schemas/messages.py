@@ -285,6 +285,18 @@ class WeightAnnouncement:
     layout: str = "files"
     buckets: list[str] = field(default_factory=list)  # sha256 of each bucket's bytes, in order
     bucket_bytes: list[int] = field(default_factory=list)  # each bucket's size in bytes
+    # Optional delta section of a "buckets" version (learner.weight_compression "xor-delta";
+    # cluster.weights.codec): besides its full buckets, bucket i encoded against bucket i of version
+    # delta_base[i] (-1: carried whole), as chunks "delta-<i>" keyed "<model>:<version>:delta" at delta_uri.
+    # A receiver that holds that base may read these instead; what it decodes must match buckets[i]. The full
+    # buckets are always there, so a reader that drops these fields reads the version as before: VERSION and
+    # MIN_READER stay. delta_codec is set (and the section may be empty) whenever the learner encodes deltas:
+    # it tells receivers to keep this version's buckets, the base of the next one.
+    delta_codec: str = ""
+    delta_uri: str = ""
+    delta_chunks: int = 0
+    delta_base: list[int] = field(default_factory=list)
+    delta_bytes: list[int] = field(default_factory=list)  # each delta entry's size on the wire
 
 
 @dataclass

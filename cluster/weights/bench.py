@@ -4,18 +4,23 @@
 verifies it, vLLM reloads it from disk. ``kafka``: export, send the folder's chunks, the actor writes them
 into its own folder, vLLM reloads from disk. ``memory``: the tensors go from memory into buckets over
 Kafka (cluster.weights.buckets), each verified bucket is staged in the engine, one pause loads them all
-(no file on either side). Stages run one after the other (publish, then receive, then swap), so their
-sum is an upper bound of a pipelined transfer. Baselines from the same run: ``memcpy_gb_s`` (one copy of
-the same bytes in memory) and ``kafka_raw`` (plain kafka-python producing then consuming the same bytes,
-in messages of the same size, with the bus's producer settings, through a one-partition topic).
+(no file on either side). ``delta``: ``memory`` with learner.weight_compression = "xor-delta"
+(cluster.weights.codec): both sides hold a base version, its successor (one Adam-like step of ``lr``) is sent
+as full + delta buckets and read from its deltas; ``compression_ratio`` is raw bytes / delta bytes. Stages
+run one after the other (publish, then receive, then swap), so their sum is an upper bound of a pipelined
+transfer. Baselines from the same run: ``memcpy_gb_s`` (one copy of the same bytes in memory) and
+``kafka_raw`` (plain kafka-python producing then consuming the same bytes, in messages of the same size,
+with the bus's producer settings, through a one-partition topic).
 
 Extra arguments after `bench weights`, as words: model=random-100m|random-<N>m|tiny|PATH,
-transports=fs,kafka,memory, runs=2, swap=1 (0: no vLLM engine: publish and receive only), bucket_mb=256,
-chunk_mb=4.
+transports=fs,kafka,memory[,delta], runs=2, swap=1 (0: no vLLM engine: publish and receive only),
+bucket_mb=256, chunk_mb=4, dtype=fp32|bf16 (bf16: the tensors as the GPU trains them; the delta run steps
+a float32 master copy), lr=1e-5 (the delta run's step).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import sys
@@ -23,11 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.weights.bench_parts import (EngineThread, kafka_raw, model_folder, run_fs, run_kafka,
+from cluster.weights.bench_parts import (EngineThread, kafka_raw, model_folder, run_delta, run_fs, run_kafka,
                                          run_memory)
 from learner.bench import memcpy_gb_s
 
-RUNNERS = {"fs": run_fs, "kafka": run_kafka, "memory": run_memory}
+RUNNERS = {"fs": run_fs, "kafka": run_kafka, "memory": run_memory, "delta": run_delta}
+OVER_KAFKA = ("kafka", "memory", "delta")
 
 
 def _options(rest: list[str]):
@@ -38,6 +44,8 @@ def _options(rest: list[str]):
     p.add_argument("--swap", type=int, default=1, help="1: load each version into a vLLM engine")
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--chunk-mb", type=float, default=4.0)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--lr", type=float, default=1e-5, help="the delta run's Adam-like step")
     flat = []
     for tok in rest:  # `kernelrl bench weights model=random-100m runs=1` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -51,6 +59,16 @@ def _options(rest: list[str]):
     if bad:
         p.error(f"unknown transports {sorted(bad)}; choose from {sorted(RUNNERS)}")
     return o
+
+
+def _in_dtype(state: dict, dtype: str) -> tuple[dict, dict, int]:
+    """(float32 master, the tensors as sent, their bytes): bf16 sends bfloat16 copies of the float weights."""
+    import torch
+
+    master = state
+    if dtype == "bf16":
+        state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+    return master, state, sum(t.numel() * t.element_size() for t in state.values())
 
 
 def _progress(fmt: str, *args) -> None:
@@ -89,7 +107,7 @@ def _summary(name: str, runs: list[dict], nbytes: int, memcpy: float, raw: dict)
     out["total_s"] = round(sum(v for k, v in out.items() if k.endswith("_s")), 4)
     out["gb_s"] = round(nbytes / out["total_s"] / 1e9, 4)
     out["ratio_vs_memcpy"] = round(out["gb_s"] / memcpy, 5)
-    if name in ("kafka", "memory"):  # bytes over the broker: publish (send, without export) + receive
+    if name in OVER_KAFKA:  # bytes over the broker: publish (send, without export) + receive
         moved = out["publish_s"] + out["receive_s"]  # memory: receive includes staging that did not overlap
         out["transfer_gb_s"] = round(nbytes / moved / 1e9, 4)
         out["transfer_ratio_vs_kafka_raw"] = round(out["transfer_gb_s"] / raw["gb_s"], 4)
@@ -105,6 +123,7 @@ def run_bench(args, cfg) -> dict:
     engine = None
     try:
         folder, state, nbytes, params = model_folder(o.model, cfg, tmp)
+        master, state, nbytes = _in_dtype(state, o.dtype)
         _progress("%s, %.1f M parameters, %.1f MB", o.model, params / 1e6, nbytes / 1e6)
         memcpy = memcpy_gb_s(nbytes)
         raw = kafka_raw(cfg, nbytes, cfg.learner.chunk_bytes)
@@ -116,7 +135,8 @@ def run_bench(args, cfg) -> dict:
         for name in o.transports:
             runs = []
             for i in range(o.runs):
-                runs.append(RUNNERS[name](cfg, bus, engine, folder, state, tmp))
+                runner = functools.partial(run_delta, master=master, lr=o.lr) if name == "delta" else RUNNERS[name]
+                runs.append(runner(cfg, bus, engine, folder, state, tmp))
                 _progress("%s run %d: %s", name, i + 1, {k: round(v, 3) for k, v in runs[-1].items()})
             results[name] = _summary(name, runs, nbytes, memcpy, raw)
     finally:
@@ -124,11 +144,15 @@ def run_bench(args, cfg) -> dict:
             engine.close()
         close_bus()
         shutil.rmtree(tmp, ignore_errors=True)
-    out = {"model": o.model, "params": params, "bytes": nbytes, "runs": o.runs, "swap": bool(o.swap),
-           "chunk_bytes": cfg.learner.chunk_bytes, "bucket_bytes": cfg.learner.weight_bucket_bytes,
+    out = {"model": o.model, "params": params, "dtype": o.dtype, "bytes": nbytes, "runs": o.runs,
+           "swap": bool(o.swap), "chunk_bytes": cfg.learner.chunk_bytes, "bucket_bytes": cfg.learner.weight_bucket_bytes,
            "memcpy_gb_s": round(memcpy, 4), "kafka_raw": raw, "transports": results,
            "broker": "embedded (started for this run)" if started else "configured"}
     for other in ("fs", "kafka"):
         if "memory" in results and other in results:
             out[f"memory_speedup_vs_{other}"] = round(results[other]["total_s"] / results["memory"]["total_s"], 3)
+    if "delta" in results:
+        out["lr"] = o.lr
+        if "memory" in results:
+            out["delta_speedup_vs_memory"] = round(results["memory"]["total_s"] / results["delta"]["total_s"], 3)
     return out

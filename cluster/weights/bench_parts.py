@@ -2,7 +2,8 @@
 
 Each ``run_<transport>(cfg, bus, engine, folder, state, tmp)`` moves one new version of ``state`` (the
 policy's tensors, in memory) from the learner's side to the engine and returns its stage times in
-seconds; ``engine`` may be None (no swap is timed then).
+seconds; ``engine`` may be None (no swap is timed then). ``run_delta`` moves a realistic successor of
+``state`` instead (an Adam-like step), since a delta's size depends on how much the weights moved.
 """
 from __future__ import annotations
 
@@ -203,15 +204,74 @@ def run_memory(cfg, bus, engine, folder, state, tmp: Path) -> dict:
     finally:
         prod.close()
     key = f"{MODEL_NAME}:{v}"
+    _timed(st, "receive_s", wb.receive_pipelined, bus, ann, _submitter(engine, key), 600.0)
+    if engine is not None:
+        _timed(st, "swap_s", engine.run, engine.policy.swap_staged(key, len(ann.buckets), v))
+    return st
 
-    def submit(i: int, data: bytes):  # what the actor does: stage it in the engine (or parse it) meanwhile
+
+def adam_step(master: dict, lr: float, seed: int, like: dict) -> dict:
+    """The next version of the policy: each float32 master weight moved by an Adam-like step (about ``lr``,
+    either sign: Adam's m / sqrt(v) is near +-1), stored in the dtype of ``like``'s tensors."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, w in master.items():
+        if not w.is_floating_point():
+            out[k] = like[k]
+            continue
+        step = torch.rand(w.shape, generator=g).mul_(0.9).add_(0.1).mul_(lr)
+        step.mul_(torch.randint(0, 2, w.shape, generator=g).mul_(2).sub_(1))
+        out[k] = (w.float() + step).to(like[k].dtype).contiguous()
+    return out
+
+
+def run_delta(cfg, bus, engine, folder, state, tmp: Path, master: dict | None = None, lr: float = 1e-5) -> dict:
+    """``run_memory`` with learner.weight_compression = "xor-delta": a base version is published and received
+    untimed (both sides then hold it), then its successor (one ``adam_step`` of ``master``) is timed, read by
+    the receiver from its delta section. Also returns ``compression_ratio`` (raw bytes / delta bytes)."""
+    from cluster.weights import buckets as wb
+    from cluster.weights import transport as wt
+    from cluster.weights.codec import DeltaEncoder
+
+    lc, enc, held = cfg.learner, DeltaEncoder(), wb.HeldBuckets()
+    base_v = next(_versions)
+    prod = bus.producer()
+    try:
+        base = wb.publish_kafka_buckets(prod, MODEL_NAME, base_v, wb.pack(state.items(), lc.weight_bucket_bytes),
+                                        lc.chunk_bytes, delta=enc)
+        wt.announce(prod, base)
+        wb.receive_buckets(bus, base, lambda i, data: None, 600.0, held=held)
+        new = adam_step(master if master is not None else state, lr, base_v, state)
+        v, st = next(_versions), {}
+        t = time.perf_counter()
+        ann = wb.publish_kafka_buckets(prod, MODEL_NAME, v, wb.pack(new.items(), lc.weight_bucket_bytes),
+                                       lc.chunk_bytes, delta=enc)
+        wt.announce(prod, ann)
+        st["publish_s"] = time.perf_counter() - t
+    finally:
+        prod.close()
+    if not held.can_decode(ann):
+        raise RuntimeError(f"bench delta: v{v} cannot be decoded against the held v{held.version}")
+    key = f"{MODEL_NAME}:{v}"
+    _timed(st, "receive_s", wb.receive_pipelined, bus, ann, _submitter(engine, key), 600.0, None, held)
+    if engine is not None:
+        _timed(st, "swap_s", engine.run, engine.policy.swap_staged(key, len(ann.buckets), v))
+    st["compression_ratio"] = wb.wire_ratio(ann)
+    return st
+
+
+def _submitter(engine, key: str):
+    """What the actor does with each verified bucket while the next arrives: stage it in the engine (or, with
+    no engine, parse it into tensors)."""
+    from cluster.weights import buckets as wb
+
+    def submit(i: int, data: bytes):
         if engine is not None:
             return asyncio.run_coroutine_threadsafe(engine.policy.stage_bucket(key, i, data), engine.loop)
         done: Future = Future()
         done.set_result(wb.tensors_of(data))
         return done
 
-    _timed(st, "receive_s", wb.receive_pipelined, bus, ann, submit, 600.0)
-    if engine is not None:
-        _timed(st, "swap_s", engine.run, engine.policy.swap_staged(key, len(ann.buckets), v))
-    return st
+    return submit
