@@ -5,7 +5,8 @@ so a fresh actor catches up to the newest version at once. A version is applied
 only after ``cluster.weights.transport.receive`` has assembled and checked it (a
 "buckets" version: after every bucket, received into memory by cluster.weights.buckets and
 checked, is staged in the engine, then all are loaded inside one pause, with no file written
-or read); a corrupt or missing version is skipped with an error and the old weights keep
+or read; while the learner sends deltas, the last version's buckets are kept to decode the
+next one's); a corrupt or missing version is skipped with an error and the old weights keep
 serving. Episodes waiting on tools are untouched: the swap only pauses the
 engine, which keeps its in-flight requests.
 
@@ -51,6 +52,10 @@ class WeightFollower:
         self.attempts: dict[int, int] = {}
         self.retry_at: dict[int, float] = {}
         self._stop: asyncio.Event | None = None
+        # The buckets of the last in-memory version received, while the learner sends deltas (an announcement's
+        # delta_codec): the base they decode against. One version's bytes (SmolLM2-135M: 538 MB in float32),
+        # kept only then; dropped when a version comes without deltas.
+        self.held = None
 
     @property
     def lag(self) -> int:
@@ -100,14 +105,16 @@ class WeightFollower:
         stop = self._stop
         cancelled = (lambda: stop.is_set()) if stop is not None else None
         try:
-            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled)
+            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled,
+                           keep=self.cfg.actor.weights_keep)
         except WeightsCorrupt:
             stale = version_dir(self.dest_root, ann.model_name, ann.version)
             if ann.transport == "fs" or not stale.exists():  # fs folders are the source itself
                 raise
             log.warning("weights v%d: %s holds other bytes (an earlier run?); receiving again", ann.version, stale)
             shutil.rmtree(stale)
-            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled)
+            return receive(self.bus, ann, str(self.dest_root), RECEIVE_TIMEOUT_S, cancelled,
+                           keep=self.cfg.actor.weights_keep)
 
     async def _fetch(self, ann: WeightAnnouncement):
         """Receive and verify the version; returns the coroutine function that swaps it in."""
@@ -121,7 +128,7 @@ class WeightFollower:
     async def _stage(self, ann: WeightAnnouncement) -> str:
         """In-memory version: each verified bucket goes straight to the engine's staging (no file); a version
         that fails part-way is dropped there, and the engine never saw any of it."""
-        from cluster.weights.buckets import receive_pipelined
+        from cluster.weights.buckets import HeldBuckets, receive_pipelined
         from cluster.weights.transport import WeightsCorrupt
 
         if not hasattr(self.policy, "stage_bucket"):
@@ -133,9 +140,14 @@ class WeightFollower:
             return asyncio.run_coroutine_threadsafe(self.policy.stage_bucket(key, i, data), loop)
 
         cancelled = (lambda: stop.is_set()) if stop is not None else None
+        if not ann.delta_codec:
+            self.held = None
+        elif self.held is None:
+            self.held = HeldBuckets()
+        held = self.held
         try:
             await loop.run_in_executor(self.executor, lambda: receive_pipelined(
-                self.bus, ann, submit, RECEIVE_TIMEOUT_S, cancelled))
+                self.bus, ann, submit, RECEIVE_TIMEOUT_S, cancelled, held))
         except BaseException:
             await self.policy.drop_staged(key)
             raise

@@ -213,6 +213,9 @@ class ActorConfig:
     workspace_root: str = ""  # default: <cache_dir>/workspaces
     keep_workspaces: bool = False
     weights_dir: str = ""  # where received policy versions are assembled; default <cache_dir>/actor-weights/<topic prefix>
+    # received versions kept in weights_dir (the newest N; 0 = all): each is a whole model on disk, and an actor
+    # that falls further behind skips to the newest version anyway
+    weights_keep: int = 2
     openai_api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the endpoint's key
     shutdown_grace_s: float = 30.0  # on SIGTERM, finish running episodes for this long, then leave them uncommitted
 
@@ -259,6 +262,10 @@ class LearnerConfig:
     # policy's tensors in buckets of ~weight_bucket_bytes that actors load straight into the engine (no disk)
     weight_layout: str = "files"
     weight_bucket_bytes: int = 256 * 1024 * 1024
+    # buckets: "xor-delta" also sends each bucket XORed with the previous version's and compressed (lossless;
+    # cluster.weights.codec), which actors holding that version read instead of the full buckets. Costs the
+    # learner the extra bytes and one version's buckets in memory (an actor too); docs/weights-bench.md
+    weight_compression: str = "none"
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     rft_epochs: int = 1  # optimiser steps per RFT learner step over the same batch (demonstrations are few)
@@ -340,6 +347,7 @@ _CHOICES = {
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
     "learner.weight_layout": {"files", "buckets"},
+    "learner.weight_compression": {"none", "xor-delta"},
     "bus.compression": {"none", "gzip", "snappy", "lz4", "zstd"},
     "bus.security_protocol": {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"},
     "bus.auto_offset_reset": {"earliest", "latest"},
@@ -421,8 +429,13 @@ def validate(cfg: Config) -> Config:
         if not 0 <= port <= 65535:
             raise ConfigError(f"{path}: must be 0..65535, got {port!r}")
     _validate_access(cfg)
+    if cfg.actor.weights_keep < 0:
+        raise ConfigError(f"actor.weights_keep: must be >= 0 (0 keeps every version), got {cfg.actor.weights_keep!r}")
     if cfg.learner.weight_stream_drain_s < 0:
         raise ConfigError(f"learner.weight_stream_drain_s: must be >= 0, got {cfg.learner.weight_stream_drain_s!r}")
+    if cfg.learner.weight_compression != "none" and cfg.learner.weight_layout != "buckets":
+        raise ConfigError(f"learner.weight_compression: {cfg.learner.weight_compression!r} needs learner.weight_layout "
+                          f"'buckets', got {cfg.learner.weight_layout!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
     from learner.stages import parse as parse_stages  # pure Python: names the field and the bad part

@@ -34,6 +34,17 @@ def version_dir(root: str | os.PathLike, model_name: str, version: int) -> Path:
     return Path(root) / model_name / f"v{version:08d}"
 
 
+def prune_versions(root: str | os.PathLike, model_name: str, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` version folders of ``model_name`` under ``root`` (keep <= 0: none are
+    deleted); returns what was deleted. Half-written temp folders (hidden) are their writers' to remove."""
+    if keep <= 0:
+        return []
+    versions = sorted((Path(root) / model_name).glob("v[0-9]*"))
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return versions[:-keep]
+
+
 def version_files(folder: Path) -> list[Path]:
     """The files a version consists of (the manifest and hidden files are not part of it)."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))

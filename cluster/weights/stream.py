@@ -25,7 +25,6 @@ import datetime
 import json
 import logging
 import re
-import shutil
 import socket
 import threading
 import time
@@ -181,9 +180,7 @@ class WeightStreamServer:
         return self.announcement(ann)
 
     def _prune(self, model_name: str) -> None:
-        versions = sorted((self.root / model_name).glob("v[0-9]*"))
-        for old in versions[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        wfs.prune_versions(self.root, model_name, self.keep)
 
     def close(self, drain_s: float = 0.0) -> None:
         """Stop serving, first serving on until nobody asked for ``drain_s`` seconds: actors learn of the

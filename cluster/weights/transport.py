@@ -36,7 +36,7 @@ from pathlib import Path
 from cluster.errors import KernelRLError, RetriableError
 from cluster.weights.fs import (MANIFEST, WeightsCorrupt, WeightsMissing, existing_fs, folder_digest,  # noqa: F401
                                 manifest_digest, publish_fs, verify_folder, version_dir, version_files)
-from cluster.weights.fs import _write_manifest
+from cluster.weights.fs import _write_manifest, prune_versions
 from cluster.weights.stream import receive_stream
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
@@ -111,20 +111,30 @@ def announce(producer, ann: WeightAnnouncement, timeout_s: float = 60.0) -> None
 
 # ---- receiving ----------------------------------------------------------------------------
 def receive(bus, ann: WeightAnnouncement, dest_root: str | os.PathLike, timeout_s: float = 120.0,
-            cancelled=None) -> Path:
+            cancelled=None, keep: int = 0) -> Path:
     """Materialise and verify the announced version locally; returns the folder to load.
 
-    ``cancelled()`` (optional) is asked between polls: a role that stops does not wait out the timeout."""
+    ``cancelled()`` (optional) is asked between polls: a role that stops does not wait out the timeout.
+    ``keep`` > 0: once a version is materialised, only the newest ``keep`` received versions of the model stay
+    on disk (a run's versions would otherwise pile up: 538 MB each for SmolLM2)."""
     if ann.transport == "fs":
         if not Path(ann.uri).is_dir():
             raise WeightsMissing(f"weights v{ann.version}: {ann.uri} is not a folder")
         verify_folder(ann.uri, ann)
         return Path(ann.uri)
     if ann.transport == "kafka":
-        return _receive_kafka(bus, ann, dest_root, timeout_s, cancelled or (lambda: False))
-    if ann.transport == "nccl":
-        return _materialise(ann, dest_root, lambda tmp: receive_stream(ann, tmp, timeout_s))
-    raise WeightsCorrupt(f"weights v{ann.version}: unknown transport {ann.transport!r}")
+        got = _receive_kafka(bus, ann, dest_root, timeout_s, cancelled or (lambda: False))
+    elif ann.transport == "nccl":
+        got = _materialise(ann, dest_root, lambda tmp: receive_stream(ann, tmp, timeout_s))
+    else:
+        raise WeightsCorrupt(f"weights v{ann.version}: unknown transport {ann.transport!r}")
+    if keep > 0:
+        # Older than the newest ``keep``: an actor that far behind skips to the newest version anyway.
+        gone = prune_versions(dest_root, ann.model_name, keep)
+        if gone:
+            log.info("dropped %d received version(s) older than the newest %d: %s", len(gone), keep,
+                     ", ".join(p.name for p in gone))
+    return got
 
 
 def _receive_kafka(bus, ann: WeightAnnouncement, dest_root, timeout_s: float, cancelled) -> Path:

@@ -25,6 +25,7 @@ def test_precedence_file_env_cli(tmp_path):
     ("actor.nosuch=1", "actor.nosuch: unknown field"),
     ("topics.trajectory_max_message_bytes=1000", "topics.trajectory_max_message_bytes: must be >= 8 MiB"),
     ("actor.concurrency", "expected section.field=value"),
+    ("actor.weights_keep=-1", "actor.weights_keep: must be >= 0 (0 keeps every version), got -1"),
 ])
 def test_errors_name_field_and_value(override, needle):
     with pytest.raises(ConfigError) as e:

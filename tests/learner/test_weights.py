@@ -141,3 +141,29 @@ def test_half_sent_or_corrupt_version_is_never_materialised(cfg, tmp_path):
     finally:
         prod.close()
         bus.close()
+
+
+def test_received_versions_are_pruned_to_the_newest_keep(cfg, tmp_path):
+    """An actor's weights folder holds the newest ``actor.weights_keep`` versions it received (a whole model each;
+    a run used to leave every version on disk), and the folder it was just handed is always among them."""
+    from cluster.bus.client import Bus
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    bus = Bus(cfg, client_id="weights-keep")
+    prod = bus.producer()
+    recv = tmp_path / "recv"
+    try:
+        for v in (1, 2, 3, 4):
+            (src / "model.safetensors").write_bytes(bytes([v]) * 300_000)
+            ann = wt.publish_kafka(prod, "policy", v, src, chunk_bytes=100_000)
+            got = wt.receive(bus, ann, recv, timeout_s=20, keep=2)
+            assert _bytes(got) == _bytes(src)
+            held = sorted(p.name for p in (recv / "policy").iterdir())
+            assert held == [f"v{x:08d}" for x in range(max(1, v - 1), v + 1)], held
+        wt.receive(bus, ann, recv, timeout_s=20, keep=0)  # 0 keeps everything (and deletes nothing)
+        assert len(list((recv / "policy").iterdir())) == 2
+    finally:
+        prod.close()
+        bus.close()
