@@ -207,6 +207,11 @@ class ActorConfig:
     seed: int = 0
     dtype: str = ""  # GPU engine dtype ("" = the model's); CPU always float32
     gpu_memory_utilization: float = 0.85
+    # GPUs one vLLM engine spans (vLLM's tensor_parallel_size x pipeline_parallel_size); `kernelrl up --backend
+    # cuda` gives each actor that many GPUs of its own (cluster/launch/placement.py). vLLM's CPU backend runs
+    # tensor/pipeline parallel too (worker processes over gloo/shared memory)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     eval_max_turns: int = 200  # turn cap when evaluating (kernelrl eval)
     bash_timeout_s: float = 60.0
     max_observation_chars: int = 8000
@@ -257,6 +262,9 @@ class LearnerConfig:
     weight_stream_backend: str = "auto"  # nccl: auto (nccl with a GPU, else gloo) | nccl | gloo
     weight_stream_keep: int = 2  # nccl: versions the learner keeps serving
     weight_stream_drain_s: float = 10.0  # nccl: at shutdown, serve on until nobody asked for this long
+    # nccl: after the first request for a version, wait this long for the other actors' (one announcement reaches
+    # them all within a moment) so that one broadcast serves them together; later ones get the next group
+    weight_stream_gather_s: float = 0.5
     chunk_bytes: int = 4 * 1024 * 1024
     # kafka: "files" sends the exported HF folder (actors write it and reload from disk); "buckets" sends the
     # policy's tensors in buckets of ~weight_bucket_bytes that actors load straight into the engine (no disk)
@@ -287,6 +295,9 @@ class ClusterConfig:
     actors: int = 1
     compile_workers: int = 1
     eval_workers: int = 0  # 0 = one per device (one for the CPU backend)
+    # learner processes (DeepSpeed ranks) `kernelrl up` starts, under torchrun --nproc-per-node; with the cuda
+    # backend one GPU each (cluster/launch/placement.py)
+    learner_ranks: int = 1
     task_dir: str = ""  # default: the built-in task set
     # Held-out task files (`kernelrl bench learning`): fed beside task_dir's, rolled out by the same actors with
     # the current policy, never trained on (metadata.heldout; learner/data.py) and never demonstrated
@@ -368,7 +379,8 @@ _POSITIVE = {
     "learner.token_budget", "learner.chunk_bytes", "learner.publish_every", "learner.checkpoint_every",
     "learner.ppo_epochs", "learner.rft_epochs", "learner.keep_checkpoints", "learner.seen_ids_limit", "learner.logit_chunk",
     "learner.weight_stream_keep",
-    "learner.weight_bucket_bytes", "sandbox.warm_pool", "sandbox.compile_concurrency", "sandbox.max_batch_bytes_device",
+    "learner.weight_bucket_bytes", "actor.tensor_parallel_size", "actor.pipeline_parallel_size",
+    "cluster.learner_ranks", "sandbox.warm_pool", "sandbox.compile_concurrency", "sandbox.max_batch_bytes_device",
 }
 
 
@@ -429,8 +441,12 @@ def validate(cfg: Config) -> Config:
         if not 0 <= port <= 65535:
             raise ConfigError(f"{path}: must be 0..65535, got {port!r}")
     _validate_access(cfg)
+    if cfg.cluster.eval_workers < 0:
+        raise ConfigError(f"cluster.eval_workers: must be >= 0 (0 = one per device), got {cfg.cluster.eval_workers!r}")
     if cfg.actor.weights_keep < 0:
         raise ConfigError(f"actor.weights_keep: must be >= 0 (0 keeps every version), got {cfg.actor.weights_keep!r}")
+    if cfg.learner.weight_stream_gather_s < 0:
+        raise ConfigError(f"learner.weight_stream_gather_s: must be >= 0, got {cfg.learner.weight_stream_gather_s!r}")
     if cfg.learner.weight_stream_drain_s < 0:
         raise ConfigError(f"learner.weight_stream_drain_s: must be >= 0, got {cfg.learner.weight_stream_drain_s!r}")
     if cfg.learner.weight_compression != "none" and cfg.learner.weight_layout != "buckets":

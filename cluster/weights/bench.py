@@ -46,6 +46,8 @@ def _options(rest: list[str]):
     p.add_argument("--chunk-mb", type=float, default=4.0)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--lr", type=float, default=1e-5, help="the delta run's Adam-like step")
+    p.add_argument("--receivers", type=int, default=0,
+                   help="N > 0: also the nccl transport's one broadcast to N receiver processes vs one at a time")
     flat = []
     for tok in rest:  # `kernelrl bench weights model=random-100m runs=1` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -139,6 +141,12 @@ def run_bench(args, cfg) -> dict:
                 runs.append(runner(cfg, bus, engine, folder, state, tmp))
                 _progress("%s run %d: %s", name, i + 1, {k: round(v, 3) for k, v in runs[-1].items()})
             results[name] = _summary(name, runs, nbytes, memcpy, raw)
+        if o.receivers > 0:
+            from cluster.weights.bench_stream import run_fanout
+
+            _progress("nccl transport: one broadcast to %d receivers, then one at a time", o.receivers)
+            fanout = run_fanout(folder, o.receivers, tmp, cfg.learner.chunk_bytes, cfg.learner.weight_stream_backend)
+            _progress("fan-out: %s", fanout)
     finally:
         if engine is not None:
             engine.close()
@@ -151,6 +159,8 @@ def run_bench(args, cfg) -> dict:
     for other in ("fs", "kafka"):
         if "memory" in results and other in results:
             out[f"memory_speedup_vs_{other}"] = round(results[other]["total_s"] / results["memory"]["total_s"], 3)
+    if o.receivers > 0:
+        out["stream_fanout"] = fanout
     if "delta" in results:
         out["lr"] = o.lr
         if "memory" in results:

@@ -1,22 +1,27 @@
-"""Transport "nccl": the learner streams a version's bytes straight to each actor over a torch.distributed
+"""Transport "nccl": the learner streams a version's bytes straight to the actors over a torch.distributed
 collective (NCCL between GPUs, gloo where a side has no GPU), inside one cluster.
 
-Why two-rank groups: actors join and leave at any time and a fixed NCCL world cannot, so every transfer
-is its own group (learner = rank 0, actor = rank 1), rendezvoused on a TCPStore the learner hosts
+One-to-many: actors learn of a version from one announcement, so they ask for it at nearly the same moment.
+The server waits ``gather_s`` after the first request, then serves every actor that asked for the same version
+with one broadcast over one group (learner = rank 0, actors = ranks 1..k): the bytes leave the learner once,
+whatever the number of actors. A group is formed per transfer, not once for the run, because actors join and
+leave at any time and a fixed world cannot; it is rendezvoused on a TCPStore the learner hosts
 (``nccl://host:port/<model>/<version>`` in the announcement; the store listens on that host alone,
-``learner.weight_stream_host``, loopback by default). The learner keeps the newest
-``keep`` versions in a local folder (written like the ``fs`` transport: temp folder, fsync, rename,
-manifest) and serves one transfer at a time, so a stalled or killed actor costs at most one
-``timeout_s`` and never stops the server. The actor hashes what it receives and checks it against the
-announcement exactly like the kafka path: a half-sent or corrupt version is never materialised.
+``learner.weight_stream_host``, loopback by default). An actor that asks later is served by the next group, from
+the learner's local copy of the newest ``keep`` versions (written like the ``fs`` transport: temp folder, fsync,
+rename, manifest). Before a group is formed each asker must accept an offer within ``accept_s``, so one that
+left after asking (a deserter) is dropped without costing the others; one killed mid-broadcast fails its group
+once (the collective times out after ``timeout_s``), the others ask again, and the server serves on. The
+actor hashes what it receives and checks it against the announcement exactly like the kafka path: a
+half-sent or corrupt version is never materialised.
 
-Each transfer picks its backend: NCCL only when both sides have a GPU and they are different GPUs
+Each group picks its backend: NCCL only when every member has a GPU and all of them are different GPUs
 (NCCL refuses two ranks on one GPU, as on a one-GPU box running learner and actor), gloo otherwise.
 
 Store keys per ticket n (a counter the actor increments): ``t<n>/peer`` = the actor's GPU UUID or "",
-``t<n>/want`` = "<model>:<version>" (actor),
-``t<n>/header`` = JSON {"backend", "files": [[name, size]...], "chunk"} or {"error"} (learner),
-``t<n>/done`` (actor, after the last byte) and the group's own keys under the ``t<n>/pg`` prefix.
+``t<n>/want`` = "<model>:<version>" (actor), ``t<n>/offer`` (learner), ``t<n>/accept`` (actor),
+``t<n>/header`` = JSON {"backend", "files": [[name, size]...], "chunk", "group", "rank", "world"} or {"error"}
+(learner), ``t<n>/done`` (actor, after the last byte); the group's own keys under ``<group>/pg/``.
 """
 from __future__ import annotations
 
@@ -70,14 +75,15 @@ def gpu_uuid() -> str:
     return str(getattr(props, "uuid", "") or "")  # unknown: treated as no GPU, so gloo (safe)
 
 
-def pick_backend(configured: str, mine: str, peer: str) -> str:
-    """The backend of one transfer: NCCL needs a GPU on both sides, and two different ones."""
-    return "nccl" if configured == "nccl" and mine and peer and mine != peer else "gloo"
+def pick_backend(configured: str, mine: str, peers: list[str]) -> str:
+    """The backend of one group: NCCL needs a GPU on every member, each a different one."""
+    gpus = [mine, *peers]
+    return "nccl" if configured == "nccl" and all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
-def _group(store, prefix: str, rank: int, backend: str, timeout_s: float, local_host: str):
-    """A two-rank process group of its own (the default group, DeepSpeed's or vLLM's, is untouched).
-    ``local_host``: this side's address toward the other (gloo's sockets bind it)."""
+def _group(store, prefix: str, rank: int, world: int, backend: str, timeout_s: float, local_host: str):
+    """A process group of its own (the default group, DeepSpeed's or vLLM's, is untouched).
+    ``local_host``: this side's address toward the others (gloo's sockets bind it)."""
     import os
 
     import torch
@@ -88,15 +94,15 @@ def _group(store, prefix: str, rank: int, backend: str, timeout_s: float, local_
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return dist.ProcessGroupNCCL(ps, rank, 2, opts), torch.device("cuda", torch.cuda.current_device())
+        return dist.ProcessGroupNCCL(ps, rank, world, opts), torch.device("cuda", torch.cuda.current_device())
     if os.environ.get("GLOO_SOCKET_IFNAME"):  # the operator's choice of interface wins
-        return dist.ProcessGroupGloo(ps, rank, 2, timeout), torch.device("cpu")
+        return dist.ProcessGroupGloo(ps, rank, world, timeout), torch.device("cpu")
     # gloo's default device resolves the machine's host name, often to a loopback address (127.0.1.1 in
     # /etc/hosts) that the peer on another machine cannot reach: bind the address that reaches the peer
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
-    return dist.ProcessGroupGloo(ps, rank, 2, opts), torch.device("cpu")
+    return dist.ProcessGroupGloo(ps, rank, world, opts), torch.device("cpu")
 
 
 def _local_address(host: str, port: int) -> str:
@@ -133,16 +139,18 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class WeightStreamServer:
-    """The learner's side: holds recent versions and streams them to whoever asks, one transfer at a time."""
+    """The learner's side: holds recent versions and streams each to everyone asking for it, one group at a time."""
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, backend: str = "auto",
-                 keep: int = 2, chunk_bytes: int = 64 << 20, timeout_s: float = 120.0) -> None:
+                 keep: int = 2, chunk_bytes: int = 64 << 20, timeout_s: float = 120.0, gather_s: float = 0.5,
+                 accept_s: float = 5.0) -> None:
         import torch.distributed as dist
 
         self.root, self.host, self.keep = Path(root), host, max(1, keep)
         self.backend = resolve_backend(backend)
         self.gpu = gpu_uuid() if self.backend == "nccl" else ""
         self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
+        self.gather_s, self.accept_s = gather_s, min(accept_s, timeout_s)
         listener = _listen(host, port)
         try:
             # TCPStore binds every interface when it opens its own socket: hand it one bound to ``host`` alone
@@ -156,7 +164,8 @@ class WeightStreamServer:
         self.port = int(self.store.port)
         self.served = 0
         self.failed = 0
-        self.by_backend = {"nccl": 0, "gloo": 0}  # finished transfers per backend
+        self.by_backend = {"nccl": 0, "gloo": 0}  # finished transfers (receivers served) per backend
+        self.groups: list[int] = []  # receivers per finished broadcast, in order
         self._last = time.monotonic()  # newest add or finished transfer: close() drains from here
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="weight-stream", daemon=True)
@@ -198,7 +207,7 @@ class WeightStreamServer:
         nxt = 1
         while not self._stop.is_set():
             try:
-                issued = self.store.add("tickets", 0)
+                issued = self._gather(nxt)
             except RuntimeError as exc:
                 log.error("weight stream store failed (%s); serving stops", exc)
                 return
@@ -206,20 +215,45 @@ class WeightStreamServer:
                 self._stop.wait(0.05)
                 continue
             self._last = time.monotonic()
-            try:
-                self._serve_ticket(nxt)
-                self.served += 1
-            except (RuntimeError, OSError, ValueError, KernelRLError) as exc:  # one bad peer, not the server
-                self.failed += 1
-                log.warning("weight stream transfer %d failed: %s", nxt, exc)
-            self._last = time.monotonic()
-            nxt += 1
+            for want, tickets in self._batches(range(nxt, issued + 1)).items():
+                try:
+                    self._serve_batch(want, tickets)
+                except (RuntimeError, OSError, ValueError, KernelRLError) as exc:  # bad peers, not the server
+                    self.failed += len(tickets)
+                    log.warning("weight stream transfers %s failed: %s", tickets, exc)
+                self._last = time.monotonic()
+            nxt = issued + 1
 
-    def _serve_ticket(self, n: int) -> None:
-        self.store.wait([f"t{n}/want"], datetime.timedelta(seconds=10))  # set right after the ticket is taken
-        model_name, _, version = self.store.get(f"t{n}/want").decode().rpartition(":")
-        if not version.isdigit() or not model_name or "/" in model_name or model_name.startswith("."):
-            raise KernelRLError(f"transfer {n}: bad request {model_name!r}:{version!r}")
+    def _gather(self, nxt: int) -> int:
+        """The newest ticket, once ``gather_s`` passed since ticket ``nxt`` was seen: the others that read the
+        same announcement ask within that moment, and one broadcast serves them all."""
+        issued = self.store.add("tickets", 0)
+        if issued >= nxt and self.gather_s > 0:
+            self._stop.wait(self.gather_s)
+            issued = self.store.add("tickets", 0)
+        return issued
+
+    def _batches(self, tickets) -> dict[str, list[int]]:
+        """Tickets by the version they want ("<model>:<version>"), in ticket order; a malformed want fails alone."""
+        out: dict[str, list[int]] = {}
+        for n in tickets:
+            try:
+                self.store.wait([f"t{n}/want"], datetime.timedelta(seconds=10))  # set right after the ticket
+                want = self.store.get(f"t{n}/want").decode()
+            except RuntimeError as exc:
+                self.failed += 1
+                log.warning("weight stream transfer %d: no request (%s)", n, exc)
+                continue
+            model_name, _, version = want.rpartition(":")
+            if not version.isdigit() or not model_name or "/" in model_name or model_name.startswith("."):
+                self.failed += 1
+                self._refuse(n, f"bad request {want!r}")
+                continue
+            out.setdefault(want, []).append(n)
+        return out
+
+    def _serve_batch(self, want: str, tickets: list[int]) -> None:
+        model_name, _, version = want.rpartition(":")
         folder = wfs.version_dir(self.root, model_name, int(version))
         try:
             # opened up front: pruning may delete the folder mid-transfer, open files stay readable
@@ -227,33 +261,67 @@ class WeightStreamServer:
         except FileNotFoundError:
             handles = []
         if not handles:
-            self.store.set(f"t{n}/header", json.dumps({"error": f"version {version} of {model_name!r} is no "
-                                                                f"longer held (the newest {self.keep} are)"}))
+            for n in tickets:
+                self._refuse(n, f"version {version} of {model_name!r} is no longer held (the newest {self.keep} are)")
+            self.served += len(tickets)
             return
         try:
-            self._stream(n, handles)
+            members = self._accepted(tickets)
+            if members:
+                self._stream(members, handles)
+                log.info("weights %s streamed to %d receiver(s) in one broadcast (transfers %s)", want, len(members),
+                         members)
         finally:
             for f in handles:
                 f.close()
-        log.info("weights %s v%s streamed to transfer %d", model_name, version, n)
 
-    def _stream(self, n: int, handles: list) -> None:
+    def _accepted(self, tickets: list[int]) -> list[int]:
+        """The tickets whose receivers accept the offer within ``accept_s``; the rest are told they were dropped
+        (a receiver that asked and left must not hold a whole group up to its timeout)."""
+        for n in tickets:
+            self.store.set(f"t{n}/offer", "1")
+        waiting, members = set(tickets), []
+        deadline = time.monotonic() + self.accept_s
+        while waiting and time.monotonic() < deadline:
+            for n in sorted(waiting):
+                if self.store.check([f"t{n}/accept"]):
+                    waiting.discard(n)
+                    members.append(n)
+            if waiting:
+                time.sleep(0.01)
+        for n in sorted(waiting):
+            self.failed += 1
+            self.store.set(f"t{n}/header", json.dumps({"error": f"no answer to the offer within {self.accept_s} s"}))
+        return sorted(members)
+
+    def _refuse(self, n: int, why: str) -> None:
+        """Answer ticket ``n`` with an error (the header first: the receiver reads it as soon as the offer is there)."""
+        self.store.set(f"t{n}/header", json.dumps({"error": why}))
+        self.store.set(f"t{n}/offer", "1")
+
+    def _stream(self, members: list[int], handles: list) -> None:
         import os
 
         files = [[Path(f.name).name, os.fstat(f.fileno()).st_size] for f in handles]
-        peer = self.store.get(f"t{n}/peer").decode()
-        backend = pick_backend(self.backend, self.gpu, peer)
+        peers = [self.store.get(f"t{n}/peer").decode() for n in members]
+        backend = pick_backend(self.backend, self.gpu, peers)
         if backend != self.backend:
-            log.info("transfer %d: gloo, the receiver %s", n, "shares this GPU" if peer else "has no GPU")
-        self.store.set(f"t{n}/header", json.dumps({"backend": backend, "files": files, "chunk": self.chunk_bytes}))
-        pg, device = _group(self.store, f"t{n}/pg/", 0, backend, self.timeout_s, self.host)
+            log.info("transfers %s: gloo, a receiver %s", members,
+                     "has no GPU" if not all(peers) else "shares a GPU with this server or another receiver")
+        gid = f"g{members[0]}"
+        for rank, n in enumerate(members, start=1):
+            self.store.set(f"t{n}/header", json.dumps({"backend": backend, "files": files, "chunk": self.chunk_bytes,
+                                                       "group": gid, "rank": rank, "world": len(members) + 1}))
+        pg, device = _group(self.store, f"{gid}/pg/", 0, len(members) + 1, backend, self.timeout_s, self.host)
         try:
             for f, (_, size) in zip(handles, files):
                 self._send_file(pg, device, f, size)
-            self.store.wait([f"t{n}/done"], datetime.timedelta(seconds=self.timeout_s))
-            self.by_backend[backend] += 1
+            self.store.wait([f"t{n}/done" for n in members], datetime.timedelta(seconds=self.timeout_s))
         finally:
             _close_group(pg)
+        self.by_backend[backend] += len(members)
+        self.served += len(members)
+        self.groups.append(len(members))
 
     def _send_file(self, pg, device, f, size: int) -> None:
         import torch
@@ -279,7 +347,8 @@ def server_from_config(cfg) -> WeightStreamServer:
     """The learner's server as configured (``close`` it with ``cfg.learner.weight_stream_drain_s``)."""
     lc = cfg.learner
     return WeightStreamServer(served_root(cfg), lc.weight_stream_host, lc.weight_stream_port,
-                              lc.weight_stream_backend, lc.weight_stream_keep, lc.chunk_bytes)
+                              lc.weight_stream_backend, lc.weight_stream_keep, lc.chunk_bytes,
+                              gather_s=lc.weight_stream_gather_s)
 
 
 # ---- receiving ----------------------------------------------------------------------------
@@ -304,6 +373,8 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
     store.set(f"t{n}/peer", gpu_uuid())  # before want: the server reads it once want is there
     store.set(f"t{n}/want", f"{ann.model_name}:{ann.version}")
     try:
+        store.wait([f"t{n}/offer"], timeout)
+        store.set(f"t{n}/accept", "1")
         store.wait([f"t{n}/header"], timeout)
     except RuntimeError as exc:  # busy with other transfers past our deadline, or gone
         raise WeightsUnreachable(f"weights v{ann.version}: the weight server did not answer ({exc})") from exc
@@ -313,7 +384,8 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
     backend = header["backend"]
     if backend == "nccl" and not torch.cuda.is_available():  # the server only picks it when we said we have one
         raise KernelRLError(f"weights v{ann.version}: the weight server chose NCCL for a receiver without a GPU")
-    pg, device = _group(store, f"t{n}/pg/", 1, backend, timeout_s, _local_address(host, int(m["port"])))
+    pg, device = _group(store, f"{header['group']}/pg/", int(header["rank"]), int(header["world"]), backend,
+                        timeout_s, _local_address(host, int(m["port"])))
     hashes: dict[str, str] = {}
     try:
         for name, size in header["files"]:

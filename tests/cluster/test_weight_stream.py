@@ -58,6 +58,43 @@ def test_stream_to_other_processes_survives_deserters_and_kills(src, tmp_path):
         server.close()
 
 
+def test_one_broadcast_serves_every_receiver_of_a_version(src, tmp_path):
+    """Receivers that ask for a version together share one group: the bytes leave the server once. A deserter
+    among them (asks, then leaves) is dropped at the offer and costs the others nothing; a receiver asking for
+    another version gets a group of its own."""
+    server = ws.WeightStreamServer(tmp_path / "served", backend="gloo", chunk_bytes=1 << 20, timeout_s=30,
+                                   gather_s=3.0)
+    sent = []
+    real = ws._broadcast
+
+    def counted(pg, t):  # the server's collectives (receivers run in their own processes)
+        sent.append(t.numel())
+        real(pg, t)
+
+    try:
+        v1 = server.add("policy", 1, src)
+        (src / "config.json").write_text('{"model_type": "qwen2", "v": 2}')
+        v2 = server.add("policy", 2, src)
+        ws._broadcast = counted
+        deserter = _child(v1, tmp_path / "d", "desert")
+        kids = [_child(v1, tmp_path / f"r{i}") for i in range(3)] + [_child(v2, tmp_path / "other")]
+        outs = [p.communicate(timeout=180) for p in kids]
+        assert [p.returncode for p in kids] == [0] * 4, [e[-2000:] for _, e in outs]
+        assert deserter.wait(60) == 0
+        for (out, _), name, ann in zip(outs, ["r0", "r1", "r2", "other"], [v1, v1, v1, v2]):
+            got = Path(out.strip().splitlines()[-1])
+            assert got == wt.version_dir(tmp_path / name, "policy", ann.version)
+            assert json.loads((got / wt.MANIFEST).read_text())["sha256"] == ann.sha256
+        assert _bytes(wt.version_dir(tmp_path / "other", "policy", 2)) == _bytes(src)
+        assert sorted(server.groups) == [1, 3] and (server.served, server.failed) == (4, 1)
+        once = [sum(p.stat().st_size for p in wt.version_files(wt.version_dir(tmp_path / name, "policy", v)))
+                for name, v in (("r0", 1), ("other", 2))]
+        assert sum(sent) == sum(once)  # each version's bytes left the server once
+    finally:
+        ws._broadcast = real
+        server.close()
+
+
 def test_gone_unreachable_and_corrupt_versions_are_errors(src, tmp_path):
     server = ws.WeightStreamServer(tmp_path / "served", keep=2, chunk_bytes=1 << 20, timeout_s=8)
     try:
@@ -137,10 +174,12 @@ def test_backend_choice_is_validated(monkeypatch):
         ws.resolve_backend("nccl")
     assert ws.resolve_backend("auto") == "gloo" and ws.gpu_uuid() == ""
     # per transfer: NCCL only between two different GPUs
-    assert ws.pick_backend("nccl", "GPU-a", "GPU-b") == "nccl"
-    assert ws.pick_backend("nccl", "GPU-a", "GPU-a") == "gloo"  # learner and actor on one GPU
-    assert ws.pick_backend("nccl", "GPU-a", "") == "gloo"  # a receiver without a GPU
-    assert ws.pick_backend("gloo", "GPU-a", "GPU-b") == "gloo"
+    assert ws.pick_backend("nccl", "GPU-a", ["GPU-b"]) == "nccl"
+    assert ws.pick_backend("nccl", "GPU-a", ["GPU-b", "GPU-c"]) == "nccl"
+    assert ws.pick_backend("nccl", "GPU-a", ["GPU-a"]) == "gloo"  # learner and actor on one GPU
+    assert ws.pick_backend("nccl", "GPU-a", ["GPU-b", "GPU-b"]) == "gloo"  # two actors on one GPU
+    assert ws.pick_backend("nccl", "GPU-a", ["GPU-b", ""]) == "gloo"  # a receiver without a GPU
+    assert ws.pick_backend("gloo", "GPU-a", ["GPU-b"]) == "gloo"
 
 
 def listening(port: int) -> set[str]:
@@ -215,3 +254,15 @@ def test_stream_over_nccl_between_two_gpus(src, tmp_path):
         assert server.by_backend == {"nccl": 1, "gloo": 1}
     finally:
         server.close()
+
+
+def test_bench_fanout_serves_the_receivers_in_one_group_then_one_by_one(src, tmp_path):
+    """`kernelrl bench weights receivers=N`'s measurement: N receiver processes get the version in one group,
+    then N more one at a time; both verified (a receiver that fails fails the bench)."""
+    from cluster.weights.bench_stream import run_fanout
+
+    got = run_fanout(src, 2, tmp_path, chunk_bytes=1 << 20, backend="gloo")
+    assert got["groups_together"] == [2] and got["receivers"] == 2 and got["backend"] == "gloo"
+    assert got["bytes"] == sum(p.stat().st_size for p in wt.version_files(src))
+    assert got["together_s"] > 0 and got["one_by_one_s"] > 0 and got["speedup"] > 0
+    assert not list(tmp_path.glob("together-*")) and not list(tmp_path.glob("single-*"))
