@@ -10,7 +10,6 @@ import dataclasses
 import os
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from cluster.weights.buckets import pack, publish_kafka_buckets, tensors_of
 from schemas import topics as T
 from schemas.messages import Task, WeightChunk
 from tests.backbone.samples import big_trajectory
+from tests.cluster.follower import follow
 from tests.conftest import TEST_OVERRIDES, _apply
 
 WAIT_S = 60.0
@@ -168,31 +168,6 @@ class RecordingEngine:
         self.staged.pop(key, None)
 
 
-def _follow(cfg_b, engine, dest: Path):
-    """The actor's WeightFollower on cluster B, in a thread of its own; returns (follower, stop())."""
-    from actors.weights import WeightFollower
-
-    bus = Bus(cfg_b, client_id="actor-b")
-    follower = WeightFollower(bus, cfg_b, engine, "actor-b", dest)
-    ready, box = threading.Event(), {}
-
-    async def main():
-        box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        ready.set()
-        await follower.run(box["stop"])
-
-    th = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    th.start()
-    ready.wait(10)
-
-    def stop():
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        th.join(30)
-        bus.close()
-
-    return follower, stop
-
-
 def _chunk0_offset(cfg, ann) -> int:
     with Bus(cfg, client_id="locate") as bus:
         cons = wt.open_chunks(bus, ann)
@@ -214,7 +189,7 @@ def test_weights_published_in_a_are_swapped_in_b(clusters, tmp_path):
     (src / "model.safetensors").write_bytes(np.random.default_rng(1).bytes(300_000))
     tensors = {f"layer.{i}.weight": torch.randn(64, 64, generator=torch.Generator().manual_seed(i)) for i in range(6)}
     engine = RecordingEngine()
-    follower, stop = _follow(cfg_b, engine, tmp_path / "recv")
+    follower, stop = follow(cfg_b, engine, tmp_path / "recv")
     try:
         with Bus(cfg_a, client_id="learner-a") as bus:
             prod = bus.producer()

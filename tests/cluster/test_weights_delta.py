@@ -4,9 +4,7 @@ v1 reads v2's delta section and gets v2 bit-for-bit, one without v1 reads v2's f
 refused by its sha256 and the actor keeps its old version, then takes the next one in full."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import threading
 import time
 
 import pytest
@@ -196,26 +194,16 @@ def _wait(pred, what: str, timeout_s: float = 90.0) -> None:
 
 def test_actor_refuses_a_corrupt_delta_keeps_its_version_then_takes_the_next_in_full(make_cfg, tmp_path,
                                                                                       monkeypatch):
-    from actors.weights import WeightFollower
     from cluster.bus.client import Bus
+    from tests.cluster.follower import follow
 
     opened = []
     real_open = wb._open_deltas
     monkeypatch.setattr(wb, "_open_deltas", lambda *a: opened.append(a[1].version) or real_open(*a))
 
     cfg = make_cfg(**{"learner__weight_layout": "buckets", "learner__weight_compression": "xor-delta"})
-    engine, stop_box, ready = _Engine(), {}, threading.Event()
-    actor_bus = Bus(cfg, client_id="actor-delta")
-    follower = WeightFollower(actor_bus, cfg, engine, "actor-delta", tmp_path / "w")
-
-    async def main():
-        stop_box["loop"], stop_box["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        ready.set()
-        await follower.run(stop_box["stop"])
-
-    th = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    th.start()
-    ready.wait(10)
+    engine = _Engine()
+    follower, stop = follow(cfg, engine, tmp_path / "w", "actor-delta")
     states = {1: _state(1)}
     for v in (2, 3, 4):
         states[v] = _stepped(states[v - 1], v)
@@ -240,9 +228,7 @@ def test_actor_refuses_a_corrupt_delta_keeps_its_version_then_takes_the_next_in_
             _wait(lambda: engine.version == 4, "v4 applied from its full buckets")
             prod.close()
     finally:
-        stop_box["loop"].call_soon_threadsafe(stop_box["stop"].set)
-        th.join(30)
-        actor_bus.close()
+        stop()
     assert [a["version"] for a in follower.applied] == [1, 2, 4]
     assert opened == [2, 3]  # v2 and the corrupt v3 from their deltas; v1 and v4 (no base held) in full
     assert _same(engine.tensors[4], states[4]) and follower.held.version == 4
