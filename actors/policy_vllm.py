@@ -40,12 +40,39 @@ def engine_args(model_path: str, acfg: Any, *, max_model_len: int | None = None)
         (max_model_len or acfg.max_context_tokens)
     kw: dict[str, Any] = dict(model=model_path, seed=acfg.seed, max_model_len=mml, disable_log_stats=True,
                               enable_prefix_caching=True,
-                              worker_extension_cls="actors.vllm_worker_ext.KrlWorkerExtension")
+                              worker_extension_cls="actors.vllm_worker_ext.KrlWorkerExtension",
+                              # one engine over several GPUs (or CPU worker processes); `kernelrl up` gives
+                              # the actor that many GPUs through CUDA_VISIBLE_DEVICES
+                              tensor_parallel_size=getattr(acfg, "tensor_parallel_size", 1),
+                              pipeline_parallel_size=getattr(acfg, "pipeline_parallel_size", 1))
     if cpu:
         kw.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=acfg.kv_cache_mb << 20)
     else:
         kw.update(dtype=acfg.dtype or "auto", gpu_memory_utilization=acfg.gpu_memory_utilization)
     return AsyncEngineArgs(**kw)
+
+
+def cpu_worker_binding(world: int) -> str | None:
+    """vLLM-CPU runs one worker process per tensor/pipeline part and binds each to CPUs of a NUMA node of its own
+    ("auto"), refusing when the machine has fewer nodes than parts. There, unless VLLM_CPU_OMP_THREADS_BIND is set,
+    the cores this process may use are split between the workers instead ("0|1": worker 0 on core 0, ...);
+    None = leave vLLM's binding alone."""
+    if world <= 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+        return None
+    numa_nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
+    if numa_nodes >= world:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world:
+        from cluster.errors import SetupError
+
+        raise SetupError(f"actor.tensor_parallel_size x actor.pipeline_parallel_size = {world}: vLLM's CPU backend "
+                         f"runs a worker per part, each on cores of its own, and this process may use "
+                         f"{len(cores)} core(s) (or set VLLM_CPU_OMP_THREADS_BIND)")
+    share = len(cores) // world
+    mask = "|".join(",".join(map(str, cores[i * share:(i + 1) * share])) for i in range(world))
+    log.info("vLLM CPU workers bound to cores %s (%d NUMA node(s) for %d parts)", mask, numa_nodes, world)
+    return mask
 
 
 def _model_max_len(model_path: str) -> int:
@@ -82,7 +109,15 @@ class VLLMPolicy:
         from actors.policy_api import load_tokenizer
 
         t0 = time.monotonic()
-        llm = AsyncLLM.from_engine_args(engine_args(model_path, acfg, max_model_len=max_model_len))
+        args = engine_args(model_path, acfg, max_model_len=max_model_len)
+        mask = cpu_worker_binding(args.tensor_parallel_size * args.pipeline_parallel_size) if _cpu_only() else None
+        if mask is not None:  # read by the engine process spawned now; not left behind for a later engine
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = mask
+        try:
+            llm = AsyncLLM.from_engine_args(args)
+        finally:
+            if mask is not None:
+                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         await llm.update_weight_version(str(version))
         log.info("vLLM engine for %s up in %.1f s", model_path, time.monotonic() - t0)
         return cls(llm, load_tokenizer(model_path), acfg, version)

@@ -1,9 +1,11 @@
 """`kernelrl learner`: run the DeepSpeed PPO learner (one process per rank; thin entry point).
 
 Single process by default; for several ranks start one process per rank with
-RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (or the
-`deepspeed` / `torchrun` launchers). SIGTERM / SIGINT finish the current step,
-checkpoint what it trained, and exit 0.
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set, or run it under
+a launcher that sets them (`torchrun --nproc-per-node G -m cluster.cli learner`,
+`deepspeed --no_local_rank --module cluster.cli learner`). SIGTERM / SIGINT finish the current
+step, checkpoint what it trained, and exit 0 (torchrun forwards SIGTERM to every
+rank).
 """
 from __future__ import annotations
 
@@ -41,8 +43,12 @@ def run(args, cfg) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     eng.init_distributed()
     rank, world = eng.rank_world()
-    if rank == 0:
-        metrics.serve_from_env("learner", cfg.cluster.metrics_host, stage=cfg.learner.stage, world=str(world))
+    log.info("learner rank %d of %d (%s)", rank, world, eng.launcher_summary())
+    if eng.local_rank() == 0:
+        # the first rank of each node serves /healthz and /metrics: every learner pod of a multi-node job
+        # answers its probes; only global rank 0 reads Kafka and publishes (the `rank` info tells them apart)
+        metrics.serve_from_env("learner", cfg.cluster.metrics_host, stage=cfg.learner.stage, world=str(world),
+                               rank=str(rank))
     from cluster.models.importer import resolve_model_path
 
     model = resolve_model_path(cfg, args.model) if args.model else model_path_for(cfg)

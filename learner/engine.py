@@ -40,6 +40,26 @@ def setup_env(cfg) -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def launcher_summary() -> str:
+    """Where this process's rank came from, for the start-up log line."""
+    env = os.environ
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "the environment"
+    return (f"from {launcher}: local rank {env.get('LOCAL_RANK', '0')} of {env.get('LOCAL_WORLD_SIZE', '?')}, "
+            f"node {env.get('GROUP_RANK', '?')}, rendezvous {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}")
+
+
+def check_local_device(local: int, count: int, visible: str | None) -> None:
+    """A rank's GPU must exist: LOCAL_RANK indexes the GPUs this process sees (CUDA_VISIBLE_DEVICES)."""
+    if not 0 <= local < count:
+        raise SetupError(f"LOCAL_RANK {local}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+                         f"{visible!r}); run at most that many learner ranks per node (--nproc-per-node, "
+                         "cluster.learner_ranks)")
+
+
 def on_gpu() -> bool:
     return os.environ.get("DS_ACCELERATOR") == "cuda"
 
@@ -52,7 +72,8 @@ def init_distributed() -> None:
         if on_gpu():
             import torch
 
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            check_local_device(local_rank(), torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            torch.cuda.set_device(local_rank())
         if not on_gpu():
             from deepspeed.comm.torch import build_shm_op
 

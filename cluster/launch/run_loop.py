@@ -109,22 +109,58 @@ def _real_model_caps(child: Config) -> None:
              lc.batch_trajectories)
 
 
-def _roles(cfg: Config) -> list[RoleSpec]:
+def _roles(cfg: Config, gpus: list | None = None) -> list[RoleSpec]:
+    return _plan(cfg, gpus)[0]
+
+
+def _plan(cfg: Config, gpus: list | None = None) -> tuple[list[RoleSpec], dict | None]:
+    """The role specs `up` starts, and (cuda backend) where each role's GPUs are: the placement's description
+    for the report, None on the CPU backend. ``gpus``: NVML's list (tests inject a fake one)."""
     c = cfg.cluster
-    specs = [RoleSpec(f"compile-worker-{i}", ["compile-worker"]) for i in range(c.compile_workers)]
-    n_eval = c.eval_workers or 1
+    placement = None
     if cfg.sandbox.backend == "cuda":
-        specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", str(i)]) for i in range(n_eval)]
+        from cluster.launch import placement as pl
+
+        gpus = pl.nvml_gpus() if gpus is None else gpus
+        vllm_actors = c.actors if cfg.actor.policy == "vllm" else 0
+        placement = pl.place(gpus, c.learner_ranks, vllm_actors,
+                             cfg.actor.tensor_parallel_size * cfg.actor.pipeline_parallel_size, c.eval_workers)
+    specs = [RoleSpec(f"compile-worker-{i}", ["compile-worker"]) for i in range(c.compile_workers)]
+    if placement is not None:
+        specs += [RoleSpec(f"eval-worker-{i}", ["eval-worker", "--device", str(g.index)])  # pins by NVML UUID
+                  for i, g in enumerate(placement.eval_workers)]
     else:
+        n_eval = c.eval_workers or 1
         specs += [RoleSpec(f"eval-worker-{i}", [*cores, "eval-worker", "--device", "cpu"])
                   for i, cores in enumerate(_cpu_slices(cfg, n_eval))]
     # an actor finishes its running episodes for up to actor.shutdown_grace_s, then closes its engine
     actor_grace = cfg.actor.shutdown_grace_s + 30.0
-    specs += [RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], grace_s=actor_grace) for i in range(c.actors)]
+    for i in range(c.actors):
+        env = _gpu_env(placement.actors[i]) if placement is not None and placement.actors else {}
+        specs.append(RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], env=env, grace_s=actor_grace))
     specs += [RoleSpec(f"actor-scripted-{i}", ["--set", "actor.policy=scripted", "actor", "--id", f"actor-scripted-{i}"],
                        grace_s=actor_grace) for i in range(c.scripted_actors)]
-    specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=300.0))
-    return specs
+    learner_grace = 300.0
+    launcher = []
+    if c.learner_ranks > 1:
+        # one process per rank; torchrun hands each RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*, forwards SIGTERM, and
+        # waits --shutdown-timeout for the ranks to finish their step and checkpoint before it SIGKILLs them
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.learner_ranks),
+                    "--shutdown-timeout", str(int(learner_grace - 30))]
+    specs.append(RoleSpec("learner", ["learner", "--max-steps", str(c.max_steps)], main=True, grace_s=learner_grace,
+                          env=_gpu_env(placement.learner) if placement is not None else {}, launcher=launcher))
+    described = placement.describe() if placement is not None else None
+    if described is not None:
+        log.log(logging.WARNING if placement.shared else logging.INFO, "GPU placement (NVML indices): %s%s",
+                described, " (roles share a GPU: evaluation timings contend with them)" if placement.shared else "")
+    return specs, described
+
+
+def _gpu_env(gpus: list) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES by UUID (NVML's order and CUDA's may differ; a UUID names one GPU either way)."""
+    from cluster.launch.placement import visible_devices
+
+    return {"CUDA_VISIBLE_DEVICES": visible_devices(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _cpu_slices(cfg: Config, n: int) -> list[list[str]]:
@@ -222,6 +258,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
     from cluster.launch.feeder import Feeder, load_task_files
 
     child = _child_config(cfg, run_id)
+    specs, gpu_placement = _plan(child)  # before anything starts: a layout that does not fit is the run's error
     (run_dir / "config.toml").write_text(dump_toml(child))
     bus = Bus(child, client_id="kernelrl-up")
     bus.ensure_topics()
@@ -240,7 +277,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
                                   subreaper=True)
     sup.keep_pids = run["watch"].pids  # the broker is ours, not an orphan
     sup.metrics_host = child.cluster.metrics_host
-    for spec in _roles(child):
+    for spec in specs:
         sup.add(spec)
     demos = _start_demonstrations(child, tasks)
     snaps = _watch(sup, bus, feeder, child, stop, chaos, run["watch"],
@@ -259,6 +296,7 @@ def _run(cfg: Config, run_id: str, run_dir: Path, stop: _Stop, run: dict, chaos:
         "orphans_killed": list(sup.orphans_killed),  # processes a dead role left behind (a vLLM engine)
         "tasks_fed": feeder.published,
         "demonstrations": demos.result if demos is not None else None,
+        "gpu_placement": gpu_placement,  # role -> NVML GPU indices (cuda backend), None on CPU
         **run["watch"].report(),
     })
     result["ok"] = (result["learner_steps"] >= child.cluster.max_steps and result["trajectories_lost"] == 0

@@ -42,6 +42,9 @@ class RoleSpec:
     # "main" roles end the run when they exit 0 (the learner after --max-steps).
     main: bool = False
     grace_s: float = 20.0  # SIGTERM -> SIGKILL delay at stop (the learner finishes its step first)
+    # arguments between the interpreter and `-m cluster.cli`: a launcher such as torchrun
+    # (["-m", "torch.distributed.run", "--nproc-per-node", "2", ...]), which then runs the CLI once per rank
+    launcher: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -86,9 +89,10 @@ class Supervisor:
         env = {**self.base_env, **rp.spec.env, "KERNELRL_METRICS_PORT": str(rp.metrics_port),
                "KERNELRL_ROLE_NAME": rp.spec.name, "PYTHONUNBUFFERED": "1"}
         logf = open(rp.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        logf.write(f"\n=== start {rp.starts + 1} at {time.strftime('%H:%M:%S')}: {rp.spec.argv}\n".encode())
+        logf.write(f"\n=== start {rp.starts + 1} at {time.strftime('%H:%M:%S')}: {rp.spec.launcher + rp.spec.argv}\n".encode())
         logf.flush()
-        rp.proc = subprocess.Popen(self.base_argv + rp.spec.argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
+        argv = self.base_argv[:1] + rp.spec.launcher + self.base_argv[1:] + rp.spec.argv
+        rp.proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         logf.close()
         rp.starts += 1

@@ -28,12 +28,33 @@ def _containers(doc):
 
 def test_manifests_parse_and_have_kinds():
     kinds = {doc["kind"] for _, doc in _docs()}
-    assert {"Kafka", "KafkaNodePool", "KafkaTopic", "Deployment", "StatefulSet", "ScaledObject", "ConfigMap"} <= kinds
+    assert {"Kafka", "KafkaNodePool", "KafkaTopic", "Deployment", "StatefulSet", "ScaledObject", "ConfigMap",
+            "Service"} <= kinds
+
+
+def _torchrun(cmd: list[str]):
+    """torchrun's own parser on a manifest's command: the launcher's options and the kernelrl argv it runs."""
+    from torch.distributed.run import get_args_parser
+
+    assert cmd[0] == "torchrun", cmd
+    try:
+        return get_args_parser().parse_args(cmd[1:])
+    except SystemExit:
+        pytest.fail(f"`{' '.join(cmd)}` is not accepted by torchrun")
+
+
+def _kernelrl_argv(cmd: list[str]) -> list[str]:
+    """The `kernelrl ...` argv a container runs, directly or through torchrun -m cluster.cli."""
+    if cmd[0] == "torchrun":
+        args = _torchrun(cmd)
+        assert args.module and args.training_script == "cluster.cli", cmd  # the CLI's module, once per rank
+        return ["kernelrl", *args.training_script_args]
+    return cmd
 
 
 def test_commands_parse_with_the_real_cli(tmp_path):
     parser = build_parser()
-    commands = [(name, c["command"]) for name, doc in _docs() for c in _containers(doc)]
+    commands = [(name, _kernelrl_argv(c["command"])) for name, doc in _docs() for c in _containers(doc)]
     assert {cmd[cmd.index("--config") + 2] for _, cmd in commands} >= {"actor", "learner", "compile-worker", "eval-worker"}
     for name, cmd in commands:
         assert cmd[0] == "kernelrl", name
@@ -41,6 +62,49 @@ def test_commands_parse_with_the_real_cli(tmp_path):
             parser.parse_args(cmd[1:])
         except SystemExit:
             pytest.fail(f"{name}: `{' '.join(cmd)}` is not accepted by the kernelrl CLI")
+
+
+def _workload(kind: str, name: str) -> dict:
+    return next(doc for _, doc in _docs() if doc["kind"] == kind and doc["metadata"]["name"] == name)
+
+
+def test_learner_runs_one_torchrun_per_node_with_a_rank_per_gpu():
+    """One pod per node (replicas = --nnodes), GPUs per pod = --nproc-per-node, c10d rendezvous on the first
+    pod's stable name behind a headless service that publishes not-ready pods, pods started in parallel, and
+    torchrun's shutdown timeout inside the pod's grace period."""
+    sts = _workload("StatefulSet", "learner")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = _torchrun(container["command"])
+    assert int(args.nnodes) == sts["spec"]["replicas"] >= 2
+    assert int(args.nproc_per_node) == int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert args.rdzv_backend == "c10d" and args.max_restarts == 0
+    assert not args.standalone and args.node_rank == 0  # ranks come from the rendezvous, not the manifest
+    host, port = args.rdzv_endpoint.rsplit(":", 1)
+    ns, svc_name = sts["metadata"]["namespace"], sts["spec"]["serviceName"]
+    assert host == f"{sts['metadata']['name']}-0.{svc_name}.{ns}.svc.cluster.local", host  # one store host
+    svc = _workload("Service", svc_name)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert int(port) in {p["port"] for p in svc["spec"]["ports"]}
+    assert int(port) in {p["containerPort"] for p in container["ports"]}
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert 0 < args.shutdown_timeout < pod["terminationGracePeriodSeconds"]
+    # every rank sees the one checkpoint folder: a shared (ReadWriteMany) claim, not one volume per pod
+    cfg = _config()
+    claims = {doc["metadata"]["name"]: doc for _, doc in _docs() if doc["kind"] == "PersistentVolumeClaim"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in container["volumeMounts"] if Path(cfg.learner.checkpoint_dir).is_relative_to(m["mountPath"]))
+    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], claim
+    assert "volumeClaimTemplates" not in sts["spec"]
+
+
+def test_actor_pods_hold_the_gpus_one_vllm_engine_spans():
+    cfg = _config()
+    (container,) = _workload("Deployment", "actor")["spec"]["template"]["spec"]["containers"]
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus == cfg.actor.tensor_parallel_size * cfg.actor.pipeline_parallel_size
 
 
 def test_configmap_is_a_valid_kernelrl_config(tmp_path):
@@ -133,5 +197,6 @@ def test_volumes_hold_the_model_and_the_weights_the_config_names():
     for role in ("actor", "learner"):
         mounts = [m["mountPath"] for c in pods[role]["containers"] for m in c["volumeMounts"]]
         for field, path in (("actor.model_path", cfg.actor.model_path),
-                            ("learner.weight_fs_dir", cfg.learner.weight_fs_dir)):
+                            ("learner.weight_fs_dir", cfg.learner.weight_fs_dir)) + \
+                ((("learner.checkpoint_dir", cfg.learner.checkpoint_dir),) if role == "learner" else ()):
             assert any(Path(path).is_relative_to(m) for m in mounts), f"{role}: {field} {path} is on no volume"
