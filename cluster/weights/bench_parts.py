@@ -112,7 +112,7 @@ class EngineThread:
         from actors.policy_vllm import VLLMPolicy
 
         acfg = copy.copy(cfg.actor)
-        acfg.max_context_tokens, acfg.kv_cache_mb = 2048, 64
+        acfg.max_context_tokens, acfg.kv_cache_mb = 2048, max(64, acfg.kv_cache_mb)  # a real model needs more
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-engine", daemon=True)
         self.thread.start()
