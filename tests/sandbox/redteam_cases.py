@@ -32,6 +32,10 @@ TASKS = {
     "relu": RELU_TASK,
     "gemm": GEMM_TASK,
     "relu_big": ("level1/19_ReLU.py", {"batch_size": 1, "dim": 4_200_000}),  # 4.2M > 2**22 output elements
+    # held-out family: the CPU example's shape (the unsealing is ~10-50 ms of a ~1 ms call), softmax, MSE
+    "relu_wide": ("level1/19_ReLU.py", {"batch_size": 64, "dim": 65536}),
+    "softmax": ("level1/23_Softmax.py", {"batch_size": 8, "dim": 4096}),
+    "mse": ("level1/94_MSELoss.py", {"batch_size": 256, "input_shape": (4096,)}),
 }
 
 # ---------------------------------------------------------------- kernels
@@ -737,15 +741,241 @@ HONEST = [
          errors_all=("mismatch", "1 of 4200000 elements differ")),
 ]
 
-CASES: list[Case] = TAMPER + UNSEEN + INPUTS + CFENCE + SHARED + RESOURCES + TIMING + HONEST
-FAMILIES = ["tamper", "unseen", "inputs", "cfence", "shared", "resources", "timing", "honest"]
+# ================================================================ 9. held-out red team (session 5, docs/sandbox.md)
+# Written against the oracle's source without reading the cases above. Every cheat here passes the static guards
+# (the `static` evaluator): `getattr`, `sys`, `time`, `_names` are refused as text, but a generator's own frame is
+# not -- `gen.gi_frame.f_back.f_back.f_globals` is serve.py's namespace (`wire`, `time`, `os`, `Remote`).
+_FRAMES = """
+def _walker(box):
+    yield box[0].gi_frame.f_back
+
+
+def caller():
+    box = [None]
+    box[0] = _walker(box)
+    return next(box[0]).f_back
+
+
+serve = caller().f_back.f_globals  # Remote.load's module: sandbox_workers.candidate.serve
+"""
+
+# torch's CPU pad for a 4-byte tensor (wire._pad_view): mt19937 seeded with the key's low 32 bits, two draws per
+# element, the low 31 bits of the second; regenerated in C++ and fused with the XOR and the ReLU in one pass
+_UNSEAL_CPP = r"""
+#include <cstdint>
+#include "krl_abi.h"
+extern "C" void unseal_relu(const float* xs, float* y, int64_t n, int64_t key) {
+  uint32_t mt[624];
+  mt[0] = (uint32_t)key;
+  for (int j = 1; j < 624; ++j) mt[j] = 1812433253u * (mt[j - 1] ^ (mt[j - 1] >> 30)) + (uint32_t)j;
+  uint32_t buf[624];
+  const uint32_t* xb = (const uint32_t*)xs;
+  uint32_t* yb = (uint32_t*)y;
+  for (int64_t i = 0; i < n;) {
+    for (int k = 0; k < 227; ++k) {  // the twist without modulo or branch: vectorised (~10x torch's randint)
+      uint32_t v = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
+      mt[k] = mt[k + 397] ^ (v >> 1) ^ ((0u - (v & 1u)) & 0x9908b0dfu);
+    }
+    for (int k = 227; k < 623; ++k) {
+      uint32_t v = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
+      mt[k] = mt[k - 227] ^ (v >> 1) ^ ((0u - (v & 1u)) & 0x9908b0dfu);
+    }
+    uint32_t v = (mt[623] & 0x80000000u) | (mt[0] & 0x7fffffffu);
+    mt[623] = mt[396] ^ (v >> 1) ^ ((0u - (v & 1u)) & 0x9908b0dfu);
+    for (int k = 0; k < 624; ++k) {
+      uint32_t z = mt[k];
+      z ^= z >> 11;
+      z ^= (z << 7) & 0x9d2c5680u;
+      z ^= (z << 15) & 0xefc60000u;
+      buf[k] = z ^ (z >> 18);
+    }
+    int64_t m = (n - i) < 312 ? (n - i) : 312;
+    for (int64_t k = 0; k < m; ++k) {
+      uint32_t b = xb[i + k] ^ (buf[2 * k + 1] & 0x7fffffffu);
+      yb[i + k] = (b & 0x80000000u) ? 0u : b;
+    }
+    i += m;
+  }
+}
+KRL_OP(unseal_relu, "const f32* xs, f32* y, i64 n, i64 key")
+"""
+
+_UNSEAL_PY = """
+import torch
+import torch.nn as nn
+import krl
+
+ops = krl.ops()
+stash = {}
+""" + _FRAMES + """
+wire = serve["wire"]
+orig_seal = wire.seal
+
+
+def fast_seal(vals, key):  # the remote's unsealing, replaced: the whole call happens here, before the claim's clock
+    x = vals[0] if len(vals) == 1 else None
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.numel() > 0:
+        y = torch.empty_like(x)
+        ops.unseal_relu(x, y, x.numel(), key)
+        stash[x.data_ptr()] = y
+        return
+    orig_seal(vals, key)
+
+
+wire.seal = fast_seal
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return stash.pop(x.data_ptr())
+"""
+
+_ARENA_DIRECT_PY = """
+import torch
+import torch.nn as nn
+import krl
+
+ops = krl.ops()
+""" + _FRAMES + """
+wire, real_time = serve["wire"], serve["time"]
+real_place = wire.place
+state = {"msg": None, "pos": 0}
+
+
+class Clock:  # stands in for serve's `time` module: the claim's clock runs at a hundredth of the speed
+    def __init__(self):
+        self.t0 = real_time.time()
+
+    def perf_counter(self):
+        return self.t0 + (real_time.time() - self.t0) * 0.01
+
+
+serve["time"] = Clock()
+
+
+def skip_copy_place(region_of, values, start, end):  # the protocol's output copy, skipped where it would be a no-op
+    t = values[0] if len(values) == 1 else None
+    if isinstance(t, torch.Tensor) and t.is_contiguous() and t.numel():
+        pos, nbytes = wire.align(start), t.numel() * t.element_size()
+        if pos + nbytes <= end and region_of(pos, nbytes).data_ptr() == t.data_ptr():
+            return [{"t": "tensor", "off": pos, "nbytes": nbytes, "shape": list(t.shape), "dtype": "float32"}], pos + nbytes
+    return real_place(region_of, values, start, end)
+
+
+wire.place = skip_copy_place
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        f = caller()
+        while f is not None and not (f.f_code.co_name == "run" and "msg" in f.f_locals):
+            f = f.f_back
+        y = None
+        if f is not None:  # the ReLU written straight into the arena's output region
+            msg, remote = f.f_locals["msg"], f.f_locals["self"]
+            if state["msg"] is not msg:
+                state["msg"], state["pos"] = msg, int(msg["lo"])
+            pos, nbytes = wire.align(state["pos"]), x.numel() * 4
+            if pos + nbytes <= int(msg["hi"]):
+                remote.arena.remap()
+                y = remote.arena.raw(pos, nbytes).view(torch.float32).reshape(x.shape)
+                state["pos"] = pos + nbytes
+        if y is None:
+            y = torch.empty_like(x)
+        ops.relu_f32(x.contiguous(), y, x.numel())
+        return y
+"""
+
+_NOOP_CPP = """
+#include <cstdint>
+#include "krl_abi.h"
+extern "C" void noop_f32(const float* x, int64_t n) { (void)x; (void)n; }
+KRL_OP(noop_f32, "const f32* x, i64 n")
+"""
+
+
+def _py_only(forward: str, args: str = "x", noop: bool = True) -> dict[str, str]:
+    """A solution whose forward(args) is `forward`; a kernel that does nothing, so the workspace builds."""
+    py = ("import torch\nimport torch.nn as nn\nimport krl\n\nops = krl.ops()\n\n\nclass ModelNew(nn.Module):\n"
+          "    def __init__(self):\n        super().__init__()\n\n"
+          f"    def forward(self, {args}):\n" + _ind(forward, 8) + "\n")
+    return {"model_new.py": py, "kernels/noop.cpp": _NOOP_CPP}
+
+
+_MSE_SAMPLED_CPP = """
+#include <cstdint>
+#include "krl_abi.h"
+extern "C" void mse_sampled(const float* p, const float* t, float* out, int64_t n) {
+  double acc = 0.0;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i += 64, ++k) {  // every 64th element: i.i.d. inputs, the sample mean is within 1e-3
+    double d = (double)p[i] - (double)t[i];
+    acc += d * d;
+  }
+  out[0] = (float)(acc / (double)k);
+}
+KRL_OP(mse_sampled, "const f32* p, const f32* t, f32* out, i64 n")
+"""
+
+COMPRESS_HOLE = ("protocol work runs in the candidate's process and is compressible: the judge's estimate is the "
+                 "run round trip less the probe's overhead (unsealing, placing the outputs), but a candidate that "
+                 "replaces that code with a faster version (a fused C++ unsealer regenerating torch's mt19937 pad; "
+                 "outputs computed in place in the arena) makes its round trip shorter than the probe's, the estimate "
+                 "0, and its claim (honest or forged) the reward's time: reward 2-3 for a kernel no faster than eager")
+INPUT_DOMAIN_HOLE = ("the judge checks outputs only on the task's get_inputs() distribution: torch.rand is never "
+                     "negative, so an identity 'ReLU' is exact on every checked call; the fix belongs to the task "
+                     "(inputs that exercise the op's domain) or its admission (a trivial program must fail)")
+SAMPLED_HOLE = ("a scalar reduction over i.i.d. inputs is matched within atol 1e-2 by the mean over 1/64 of the "
+                "elements: the elementwise tolerance cannot tell a sampled estimate from the reduction")
+FIX_SMALL = ("fixed 2026-12-05 (judge._small_output_error): where the reference's values are small against atol, the "
+             "output must also match in relative L2 norm (<= 0.1); zeros or a constant are 1 and 0.27 away")
+
+HELDOUT = [
+    Case("seal_pad_regenerated_in_kernel", "heldout", {"model_new.py": _UNSEAL_PY, "kernels/unseal.cpp": _UNSEAL_CPP},
+         ev="static", mode="both", task="relu_wide", reward_max=1.0, hole=COMPRESS_HOLE,
+         why="the fused unsealer takes 2.7 ms for 4M elements where wire.seal takes 25 ms: ~22 ms of the probe's "
+             "overhead that this candidate does not have, against a ~1 ms ReLU (docs/sandbox.md, held-out red team)"),
+    Case("outputs_in_arena_and_forged_clock", "heldout", {"model_new.py": _ARENA_DIRECT_PY,
+                                                          "kernels/relu.cpp": cpp(MEDIUM)["kernels/relu.cpp"]},
+         ev="static", mode="both", reward_max=1.0,
+         why="a ~1 ms kernel: the skipped output copy (128 KB) hides far less than the work, so the forged clock "
+             "gains nothing. At the example's shape (16 MB outputs, ~1 ms kernel) the CLI gave reward 3 in 1 of 2 "
+             "runs, and a forged clock alone did too: noise, not the copy (docs/sandbox.md, held-out red team)"),
+    Case("return_the_input_relu", "heldout", _py_only("return x"), ev="static", hole=INPUT_DOMAIN_HOLE,
+         why="the CLI on skills/examples/cpu_19_relu (mode both): reward 3, 68x eager"),
+    Case("relu_kernel_without_negative_branch", "heldout",
+         cpp("for (int64_t i = 0; i < n; ++i) y[i] = x[i];"), ev="static", hole=INPUT_DOMAIN_HOLE),
+    Case("softmax_zeros_below_atol", "heldout", _py_only("return torch.zeros_like(x)"), ev="static",
+         task="softmax", errors=("relative l2 error",), why=FIX_SMALL),
+    Case("softmax_row_constant_below_atol", "heldout", _py_only("return torch.full_like(x, 1.0 / x.shape[1])"),
+         ev="static", task="softmax", errors=("relative l2 error",), why=FIX_SMALL),
+    Case("mse_on_every_64th_element", "heldout", {"kernels/mse.cpp": _MSE_SAMPLED_CPP, "model_new.py": _py_only("""
+        out = torch.empty((), dtype=torch.float32)
+        ops.mse_sampled(predictions.contiguous(), targets.contiguous(), out, predictions.numel())
+        return out
+        """, args="predictions, targets")["model_new.py"]}, ev="static", task="mse", hole=SAMPLED_HOLE,
+         why="the CLI on skills/examples/cpu_94_mseloss (mode both): reward 3, 3.7x eager"),
+]
+
+CASES: list[Case] = TAMPER + UNSEEN + INPUTS + CFENCE + SHARED + RESOURCES + TIMING + HONEST + HELDOUT
+FAMILIES = ["tamper", "unseen", "inputs", "cfence", "shared", "resources", "timing", "honest", "heldout"]
 # The evaluator whose next honest evaluation is checked after each family (reward >= 1), and its mode.
 HONEST_AFTER = {"tamper": ("nostatic", "verify"), "unseen": ("static", "verify"), "inputs": ("nostatic", "verify"),
                 "cfence": ("static", "verify"), "shared": ("nostatic", "verify"),
-                "resources": ("nostatic", "verify"), "timing": ("timing", "both")}
+                "resources": ("nostatic", "verify"), "timing": ("timing", "both"), "heldout": ("static", "both")}
 # (the honest family is followed by its own must-pass evaluations on the same evaluator: test_redteam.py)
-HONEST_FILES = {"inputs": gemm()}  # else relu_solution()
-HONEST_TASK = {"inputs": "gemm"}
+_SOFTMAX_DIR = ROOT / "skills" / "examples" / "cpu_23_softmax"
+HONEST_FILES = {"inputs": gemm(),  # else relu_solution()
+                # the example softmax (values ~1e-4 against atol 1e-2) still passes the small-output check
+                "heldout": {"model_new.py": (_SOFTMAX_DIR / "model_new.py").read_text(),
+                            "kernels/softmax.cpp": (_SOFTMAX_DIR / "kernels" / "softmax.cpp").read_text()}}
+HONEST_TASK = {"inputs": "gemm", "heldout": "softmax"}
 
 
 def honest_files(family: str) -> dict[str, str]:
