@@ -338,7 +338,7 @@ class Consumer:
         return self._commit_offsets(targets, sync=sync) if targets else True
 
     def _commit_offsets(self, targets: dict, sync: bool) -> bool:
-        from kafka.errors import CommitFailedError, KafkaError
+        from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
         from kafka.structs import OffsetAndMetadata
 
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in targets.items()}
@@ -347,9 +347,15 @@ class Consumer:
                 self._c.commit(offsets)
             else:
                 self._c.commit_async(offsets, callback=self._on_async_commit)
-        except CommitFailedError as exc:
+        except (CommitFailedError, RebalanceInProgressError) as exc:
+            # The group is rebalancing (or moved on without us). A partition that comes back to this member keeps
+            # its position, so its records are not redelivered: kept as sent-but-unacknowledged, the commit is
+            # sent again after the rebalance (``_reassigned``); a partition that moves is forgotten.
             self.stats["commit_failures"] += 1
-            log.warning("commit failed (partitions were reassigned; records will be redelivered): %s", exc)
+            log.warning("commit refused by a rebalance (sent again if this consumer keeps the partition): %s", exc)
+            for tp, o in targets.items():
+                self._committed[tp] = max(o, self._committed.get(tp, -1))
+                self._failed[tp] = max(o, self._failed.get(tp, -1))
             return False
         except KafkaError as exc:
             self.stats["commit_failures"] += 1
@@ -391,9 +397,8 @@ class Consumer:
             return
         try:
             if self._commit_offsets(targets, sync=True):  # idle: waiting for the ack costs nothing
-                for tp, o in targets.items():
-                    self._acked[tp] = max(o, self._acked.get(tp, -1))
-            self._failed.clear()
+                self._failed.clear()
+            # refused by a rebalance: _commit_offsets kept them; the rebalance's assignment decides (_reassigned)
         except BusError as exc:
             log.warning("commit sent again failed (next idle poll tries again): %s", exc)
 

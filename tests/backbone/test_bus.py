@@ -201,15 +201,29 @@ def test_group_of_two_splits_partitions_and_rebalances_when_one_leaves(make_cfg)
 
 
 
-def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(make_cfg, monkeypatch):
+def _refuse_async(kafka):
+    from kafka.errors import CommitFailedError
+
+    return "commit_async", lambda offsets, callback: callback(offsets, CommitFailedError("rebalance in progress"))
+
+
+def _refuse_sync(error):
+    def patch(kafka):
+        def commit(offsets=None):
+            raise error("the group is rebalancing")
+        return "commit", commit
+    return patch
+
+
+@pytest.mark.parametrize("refuse", ["async", "sync-rebalancing", "sync-commit-failed"])
+def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(refuse, make_cfg, monkeypatch):
     """kafka-python 3 keeps a partition's fetch position when a rebalance gives it straight back, so a record
     whose commit the rebalance refused is never redelivered: the consumer must send that commit again itself
     (seen as a worker's last request staying uncommitted for a minute). Member A handles one record per partition;
-    its async commit is refused (injected at the client: the broker refuses only inside the rebalance's own
-    JoinGroup/SyncGroup window, which a test cannot hit on purpose); B joins, A keeps one partition and its
+    its commit is refused: async, or sync (RebalanceInProgressError used to escape as a BusError and end the
+    worker). The refusal is injected at the client: the broker refuses only inside the rebalance's own
+    JoinGroup/SyncGroup window, which a test cannot hit on purpose. B joins, A keeps one partition and its
     commit lands, and B is served the other partition's record again."""
-    from kafka.errors import CommitFailedError
-
     from cluster.bus.scan import committed_offsets
 
     cfg = make_cfg(topics__partitions=2)
@@ -221,9 +235,12 @@ def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(
     a = bus.consumer([T.TASKS], group_id="rejoin", client_id="a")
     got = []
     _wait(lambda: got.extend(a.poll(timeout_s=0.2)) or len(got) == 2, what="a's two records")
-    monkeypatch.setattr(a.kafka, "commit_async",
-                        lambda offsets, callback: callback(offsets, CommitFailedError("rebalance in progress")))
-    assert a.commit(sync=False)
+    from kafka.errors import CommitFailedError, RebalanceInProgressError
+
+    patch = {"async": _refuse_async, "sync-rebalancing": _refuse_sync(RebalanceInProgressError),
+             "sync-commit-failed": _refuse_sync(CommitFailedError)}[refuse]
+    monkeypatch.setattr(a.kafka, *patch(a.kafka))
+    assert a.commit(sync=refuse != "async") is (refuse == "async")  # a refused sync commit says so; no exception
     monkeypatch.undo()
     b = _Member(bus, "b")
     b.consumer.close()
