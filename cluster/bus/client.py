@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -49,6 +50,9 @@ class Received:
     key: str | None = None
     timestamp_ms: int = 0
     raw_topic: str = field(default="", repr=False)
+
+
+STALE_COMMIT_S = 2.0  # an async commit unanswered this long is sent again at the next idle poll
 
 
 def _key_bytes(key) -> bytes | None:
@@ -250,6 +254,7 @@ class Consumer:
         self._skipped: dict = {}
         self._acked: dict = {}  # tp -> highest offset the group coordinator acknowledged
         self._failed: dict = {}  # tp -> offset of an async commit that failed, to be sent again
+        self._sent_at: dict = {}  # tp -> when the newest commit was sent (an unanswered one is sent again)
         client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
         self._kwargs = consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides)
         self._topics = [bus.topic(t) for t in topics]
@@ -361,8 +366,10 @@ class Consumer:
             self.stats["commit_failures"] += 1
             raise BusError(f"commit failed: {type(exc).__name__}: {exc}", exc) from exc
         self.stats["commits"] += 1
+        sent = time.monotonic()
         for tp, o in targets.items():
             self._committed[tp] = max(o, self._committed.get(tp, -1))
+            self._sent_at[tp] = sent
             if sync:
                 self._acked[tp] = max(o, self._acked.get(tp, -1))
         return True
@@ -389,8 +396,15 @@ class Consumer:
     def recommit_failed(self) -> None:
         """Send again the async commits that failed (a busy coordinator); without this the last record of a
         burst stays uncommitted until the next record or shutdown, and is served twice after a crash."""
-        owned = self._c.assignment() if self._failed else set()
-        targets = {tp: o for tp, o in self._failed.items()
+        # An async commit can also stay unanswered (kafka-python 3 parks it while the coordinator's connection is
+        # at its in-flight limit, seen in CI): one sent over STALE_COMMIT_S ago and still unacknowledged is sent
+        # again too. Sending an offset twice is harmless.
+        now = time.monotonic()
+        stale = {tp: o for tp, o in self._committed.items()
+                 if o > self._acked.get(tp, -1) and now - self._sent_at.get(tp, now) > STALE_COMMIT_S}
+        pending = {**stale, **{tp: max(o, stale.get(tp, -1)) for tp, o in self._failed.items()}}
+        owned = self._c.assignment() if pending else set()
+        targets = {tp: o for tp, o in pending.items()
                    if o > self._acked.get(tp, -1) and tp in self._committed and tp in owned}
         if not targets:
             self._failed.clear()
@@ -419,6 +433,7 @@ class Consumer:
             self._skipped.pop(tp, None)
             self._failed.pop(tp, None)
             self._acked.pop(tp, None)
+            self._sent_at.pop(tp, None)
 
     def _watch_membership(self) -> None:
         """Rebuild the client when its group membership never settles.
@@ -428,8 +443,6 @@ class Consumer:
         while the broker expires it. A member not stable for several session timeouts
         is recreated (nothing was assigned to it, so nothing is lost or committed).
         """
-        import time
-
         from kafka.structs import MemberState
 
         coord = getattr(self._c, "_coordinator", None)

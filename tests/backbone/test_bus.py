@@ -266,3 +266,32 @@ def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(
     b.join(10)
     a.close()
     bus.close()
+
+
+def test_an_async_commit_left_unanswered_is_sent_again_when_idle(make_cfg, monkeypatch):
+    """kafka-python 3 can park an async commit while the coordinator's connection is at its in-flight limit (CI:
+    "NodeNotReadyError: Node paused: {'max_in_flight'}") and never answer it: no ack, no failure to resend. A
+    commit unanswered for STALE_COMMIT_S is sent again at the next idle poll (injected: a commit_async that
+    sends nothing and never calls back)."""
+    from cluster.bus import client as bc
+    from cluster.bus.scan import committed_offsets
+
+    cfg = make_cfg(topics__partitions=1)
+    bus = Bus(cfg, client_id="parked")
+    prod = bus.producer()
+    prod.send(T.TASKS, Task(task_id="t0", model_py="m"), key="k", partition=0).get(10)
+    prod.close()
+    c = bus.consumer([T.TASKS], group_id="parked", client_id="c")
+    got = []
+    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or got, what="the record")
+    monkeypatch.setattr(c.kafka, "commit_async", lambda offsets, callback: None)
+    assert c.commit(sync=False)
+    monkeypatch.undo()
+    t0 = time.monotonic()
+    c.recommit_failed()  # too early: the commit may still be answered
+    assert committed_offsets(bus, bus.group("parked"), T.TASKS).get(0) == 0
+    _wait(lambda: c.poll(timeout_s=0.2) == [] and c.recommit_failed() is None and
+          committed_offsets(bus, bus.group("parked"), T.TASKS).get(0) == 1, what="the parked commit sent again")
+    assert time.monotonic() - t0 >= bc.STALE_COMMIT_S
+    c.close()
+    bus.close()
