@@ -1,6 +1,10 @@
 """Trajectory factories shared by the learner tests."""
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
 import numpy as np
 
 from schemas.messages import Trajectory, TurnInfo
@@ -22,3 +26,17 @@ def make_traj(eid: str, n: int = 48, prompt: int = 12, version: int = 0, reward:
     return Trajectory(episode_id=eid, task_id=f"task-{eid}", actor_id="test", token_ids=ids, logprobs=lp,
                       loss_mask=mask, policy_version=ver, prompt_len=prompt, turns=turns, reward=reward,
                       mode=mode)
+
+
+def wait_checkpoint(state: Path, min_step: int, proc, timeout: float = 150.0) -> None:
+    """Until the learner's STATE.json says step >= min_step (the process ``proc`` must stay alive meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"learner exited early with {proc.returncode}"
+        try:
+            if json.loads(state.read_text())["step"] >= min_step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout}s")

@@ -4,7 +4,6 @@ Kafka for minutes (seen once after `up` was SIGKILLed; not reproduced in these t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -17,7 +16,7 @@ import pytest
 from schemas import topics
 
 from .conftest import learner_cfg
-from .helpers import make_traj
+from .helpers import make_traj, wait_checkpoint
 
 STOP_WITHIN_S = 60.0
 
@@ -52,11 +51,7 @@ def test_sigterm_stops_the_learner_promptly_after_the_broker_died(phase, ds_proc
             learner = spawn(KERNELRL + ["learner", "--idle-wait", "600"], env=cfg_env(cfg), stdout=out,
                             stderr=subprocess.STDOUT)
             if phase == "idle":  # one step done, waiting for trajectories when the broker dies
-                state, deadline = tmp_path / "ckpt" / "STATE.json", time.monotonic() + 240
-                while not (state.exists() and json.loads(state.read_text())["step"] >= 1):
-                    assert learner.poll() is None and time.monotonic() < deadline, \
-                        (tmp_path / "learner.log").read_text()[-3000:]
-                    time.sleep(0.2)
+                wait_checkpoint(tmp_path / "ckpt" / "STATE.json", 1, learner, timeout=240)
                 time.sleep(2.0)
                 os.kill(pid, signal.SIGKILL)
             time.sleep(20.0 if phase == "startup" else 3.0)

@@ -5,29 +5,14 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections import Counter
-from pathlib import Path
 
 from schemas import topics
 
 from .conftest import learner_cfg
-from .helpers import make_traj
+from .helpers import make_traj, wait_checkpoint
 
 N_TRAJ, BATCH, STEPS = 12, 2, 6
-
-
-def _wait_state(path: Path, min_step: int, proc, timeout: float = 150.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"learner exited early with {proc.returncode}"
-        try:
-            if json.loads(path.read_text())["step"] >= min_step:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout}s")
 
 
 def test_sigkill_after_checkpoint_then_restart_trains_each_trajectory_once(ds_process, tiny_model, make_cfg,
@@ -50,7 +35,7 @@ def test_sigkill_after_checkpoint_then_restart_trains_each_trajectory_once(ds_pr
     args = KERNELRL + ["learner", "--max-steps", str(STEPS), "--idle-wait", "2"]
     state_file = tmp_path / "ckpt" / "STATE.json"
     first = spawn(args, env=env)
-    _wait_state(state_file, 2, first)
+    wait_checkpoint(state_file, 2, first)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=10)
     saved = json.loads(state_file.read_text())
@@ -61,7 +46,7 @@ def test_sigkill_after_checkpoint_then_restart_trains_each_trajectory_once(ds_pr
     # the restart runs without a step limit: once it has checkpointed the last step, SIGTERM stops it cleanly
     with open(tmp_path / "second.log", "wb") as out:
         second = spawn(KERNELRL + ["learner", "--idle-wait", "1"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    _wait_state(state_file, STEPS, second)
+    wait_checkpoint(state_file, STEPS, second)
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
     assert json.loads(state_file.read_text())["step"] == STEPS

@@ -10,32 +10,17 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from pathlib import Path
 
 from schemas import topics
 
 from .conftest import learner_cfg
-from .helpers import make_traj
+from .helpers import make_traj, wait_checkpoint
 
 
 def _torchrun(nproc: int, *learner_args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--shutdown-timeout", "60", "-m", "cluster.cli", "-v", "learner", *learner_args]
-
-
-def _wait_step(state: Path, step: int, proc, timeout: float = 150.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"torchrun exited early with {proc.returncode}"
-        try:
-            if json.loads(state.read_text())["step"] >= step:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"no checkpoint at step >= {step} within {timeout}s")
 
 
 def test_learner_under_torchrun_two_ranks_trains_then_stops_on_max_steps_and_sigterm(ds_process, tiny_model,
@@ -73,7 +58,7 @@ def test_learner_under_torchrun_two_ranks_trains_then_stops_on_max_steps_and_sig
     second_log = tmp_path / "second.log"
     with open(second_log, "wb") as out:
         second = spawn(_torchrun(2, "--idle-wait", "1"), env=env, stdout=out, stderr=subprocess.STDOUT)
-        _wait_step(state, 2, second)
+        wait_checkpoint(state, 2, second)
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=90)
     text = second_log.read_text()
