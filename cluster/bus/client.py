@@ -9,6 +9,7 @@ reply lives in ``cluster.bus.rpc`` and is re-exported here.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -53,6 +54,7 @@ class Received:
 
 
 STALE_COMMIT_S = 2.0  # an async commit unanswered this long is sent again at the next idle poll
+RECOMMIT_TIMEOUT_MS = 5000  # a resent commit's wait: the serving loop stays responsive, the next idle poll retries
 
 
 def _key_bytes(key) -> bytes | None:
@@ -342,14 +344,14 @@ class Consumer:
             targets[tp] = nxt
         return self._commit_offsets(targets, sync=sync) if targets else True
 
-    def _commit_offsets(self, targets: dict, sync: bool) -> bool:
+    def _commit_offsets(self, targets: dict, sync: bool, timeout_ms: int | None = None) -> bool:
         from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
         from kafka.structs import OffsetAndMetadata
 
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in targets.items()}
         try:
             if sync:
-                self._c.commit(offsets)
+                self._c.commit(offsets, timeout_ms=timeout_ms)
             else:
                 self._c.commit_async(offsets, callback=self._on_async_commit)
         except (CommitFailedError, RebalanceInProgressError) as exc:
@@ -402,19 +404,42 @@ class Consumer:
         now = time.monotonic()
         stale = {tp: o for tp, o in self._committed.items()
                  if o > self._acked.get(tp, -1) and now - self._sent_at.get(tp, now) > STALE_COMMIT_S}
-        pending = {**stale, **{tp: max(o, stale.get(tp, -1)) for tp, o in self._failed.items()}}
+        pending = set(stale) | set(self._failed)
         owned = self._c.assignment() if pending else set()
-        targets = {tp: o for tp, o in pending.items()
-                   if o > self._acked.get(tp, -1) and tp in self._committed and tp in owned}
+        # The partition's newest offset, never the failed one: a later commit may have been sent after the failed
+        # one and be answered but not yet acknowledged here (callbacks run at the next poll), and resending the
+        # older offset after it moves the group's position back (seen: 19 committed, then 18 resent over it).
+        targets = {tp: self._committed[tp] for tp in pending
+                   if tp in self._committed and tp in owned and self._committed[tp] > self._acked.get(tp, -1)}
         if not targets:
             self._failed.clear()
             return
         try:
-            if self._commit_offsets(targets, sync=True):  # idle: waiting for the ack costs nothing
+            if self._commit_offsets(targets, sync=True, timeout_ms=RECOMMIT_TIMEOUT_MS):  # idle: the wait is free
                 self._failed.clear()
             # refused by a rebalance: _commit_offsets kept them; the rebalance's assignment decides (_reassigned)
         except BusError as exc:
             log.warning("commit sent again failed (next idle poll tries again): %s", exc)
+            self._reset_coordinator_connection(exc.__cause__)
+
+    def _reset_coordinator_connection(self, cause) -> None:
+        """Close the group coordinator's connection after a resent commit could not even be sent.
+
+        kafka-python 3.0.12 can leave that connection paused at its in-flight limit (CI: "NodeNotReadyError: Node
+        paused: {'max_in_flight'}" and every later commit refused the same way) until its request timeout, 30 s or
+        more, closes it. Closing it now fails what is in flight on it; the next commit reconnects."""
+        from kafka.errors import KafkaTimeoutError, NodeNotReadyError
+
+        if not isinstance(cause, (KafkaTimeoutError, NodeNotReadyError)):
+            return
+        coord = getattr(self._c, "_coordinator", None)
+        node, client = getattr(coord, "coordinator_id", None), getattr(self._c, "_client", None)
+        if node is None or client is None:
+            return
+        log.warning("closing the group coordinator's connection (node %s) so the commit is sent on a new one", node)
+        with getattr(client, "_lock", contextlib.nullcontext()):
+            client.close(node_id=node)
+        self.stats["coordinator_resets"] = self.stats.get("coordinator_resets", 0) + 1
 
     def _reassigned(self, kept, assigned) -> None:
         """After a rebalance: partitions this member held and got back keep their fetch position in

@@ -11,6 +11,7 @@ KAFKA=$(ls -d "$CACHE"/kafka-*/ | head -1)
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$OUTD/wheels" "$TMP/b"
 cp -r "$KAFKA" "$TMP/b/$(basename "$KAFKA")"
+rm -rf "$TMP/b/$(basename "$KAFKA")/mirror"  # MirrorMaker 2's jars (36 MB): the GPU host runs one broker only
 L="$TMP/b/$(basename "$KAFKA")/libs"
 MODS=$(jdeps --print-module-deps --ignore-missing-deps --multi-release 17 -cp "$L/*" "$L"/kafka*.jar | tail -1)
 jlink --add-modules "$MODS,java.logging,java.xml,jdk.management,jdk.crypto.ec" --strip-debug --no-header-files \

@@ -209,7 +209,7 @@ def _refuse_async(kafka):
 
 def _refuse_sync(error):
     def patch(kafka):
-        def commit(offsets=None):
+        def commit(offsets=None, timeout_ms=None):
             raise error("the group is rebalancing")
         return "commit", commit
     return patch
@@ -293,5 +293,79 @@ def test_an_async_commit_left_unanswered_is_sent_again_when_idle(make_cfg, monke
     _wait(lambda: c.poll(timeout_s=0.2) == [] and c.recommit_failed() is None and
           committed_offsets(bus, bus.group("parked"), T.TASKS).get(0) == 1, what="the parked commit sent again")
     assert time.monotonic() - t0 >= bc.STALE_COMMIT_S
+    c.close()
+    bus.close()
+
+
+def test_a_commit_on_a_wedged_coordinator_connection_lands_on_a_new_one(make_cfg):
+    """The CI failure's third shape: the coordinator's connection stays paused at its in-flight limit ("Node
+    paused: {'max_in_flight'}"), so the async commit and every resend are refused without being sent. A resend
+    that cannot be sent within RECOMMIT_TIMEOUT_MS closes that connection; the next idle poll's resend lands on
+    a new one (injected: the connection paused by hand, as kafka-python pauses it, and never unpaused). The paused
+    connection also carries the heartbeats, so the member may be expelled and rejoin: then the record comes again
+    and is committed as serve() would. On the previous client the member stays stuck on the paused connection."""
+    from cluster.bus.scan import committed_offsets
+
+    cfg = make_cfg(topics__partitions=1)
+    bus = Bus(cfg, client_id="wedged")
+    prod = bus.producer()
+    prod.send(T.TASKS, Task(task_id="t0", model_py="m"), key="k", partition=0).get(10)
+    prod.close()
+    c = bus.consumer([T.TASKS], group_id="wedged", client_id="c")
+    got = []
+    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or got, what="the record")
+    coord = c.kafka._coordinator
+    conn = c.kafka._client._manager._conns[coord.coordinator_id]
+    conn.pause("max_in_flight")  # what kafka-python does at the limit; here nothing in flight will unpause it
+    assert c.commit(sync=False)
+
+    def serve_step() -> bool:  # what serve() does: commit what it is given, resend when idle
+        again = c.poll(timeout_s=0.2)
+        if again:  # the wedge also stopped the heartbeats: the member may have rejoined and been given it again
+            c.commit(again[-1], sync=False)
+            return False
+        c.recommit_failed()
+        return committed_offsets(bus, bus.group("wedged"), T.TASKS).get(0) == 1
+
+    _wait(serve_step, timeout_s=60, what="the commit sent on a new connection")
+    assert c.stats.get("coordinator_resets", 0) >= 1 and conn.closed
+    c.close()
+    bus.close()
+
+
+def test_a_failed_commit_is_never_sent_again_over_a_newer_one(make_cfg, monkeypatch):
+    """The CI failure's root cause ("not every record committed: [18, 18, 18]", reproduced with the worker's
+    in-flight limit at 1): the async commit through record 17 was refused ("Node paused: {'max_in_flight'}"), the
+    one through record 18 landed, and the idle resend sent the refused, older offset after it, moving the group
+    back. Injected: the first async commit refused, the second answered by the broker before this consumer has
+    seen the answer (callbacks run at the next poll)."""
+    from kafka.errors import NodeNotReadyError
+
+    from cluster.bus.scan import committed_offsets
+
+    cfg = make_cfg(topics__partitions=1)
+    bus = Bus(cfg, client_id="reorder")
+    prod = bus.producer()
+    for i in range(2):
+        prod.send(T.TASKS, Task(task_id=f"t{i}", model_py="m"), key="k", partition=0).get(10)
+    prod.close()
+    c = bus.consumer([T.TASKS], group_id="reorder", client_id="c")
+    got = []
+    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or len(got) == 2, what="both records")
+    real_commit, calls = c.kafka.commit, []
+
+    def commit_async(offsets, callback):
+        calls.append(offsets)
+        if len(calls) == 1:
+            callback(offsets, NodeNotReadyError("Node paused: {'max_in_flight'}"))
+        else:
+            real_commit(offsets)  # the broker has it; this consumer's callback has not run yet
+
+    monkeypatch.setattr(c.kafka, "commit_async", commit_async)
+    assert c.commit(got[0], sync=False) and c.commit(got[1], sync=False)
+    monkeypatch.undo()
+    assert committed_offsets(bus, bus.group("reorder"), T.TASKS).get(0) == 2
+    c.recommit_failed()
+    assert committed_offsets(bus, bus.group("reorder"), T.TASKS).get(0) == 2, "the refused offset went over the newer"
     c.close()
     bus.close()
