@@ -6,7 +6,8 @@ import pytest
 
 from sandbox_workers import compiler, formats
 from tests.sandbox.helpers import GEMM_TASK, shrunk_task
-from tests.sandbox.kernelbench_cases import COMPUTED_KB, GEMM_KB, MATMUL_KB, RELU_KB
+from tests.sandbox.kernelbench_cases import (COMPUTED_KB, GEMM_KB, MATMUL_KB, RELU_CUDA_AGENT, RELU_KB,
+                                             RELU_KB_CUDA)
 
 
 def _why(res: dict) -> str:
@@ -70,3 +71,21 @@ def test_convert_round_trip_builds(sb_cfg):
     assert out.ok, out.error + out.log
     with pytest.raises(formats.FormatError.__mro__[1], match="not mechanical"):
         convert.to_krl({"model_new.py": RELU_KB})
+
+
+def test_cuda_agent_workspace_planned_with_our_binding_infrastructure():
+    carried = dict(RELU_CUDA_AGENT, **{"kernels/binding.cpp": "int evil = 1;", "kernels/binding_registry.h": "x"})
+    assert formats.detect(carried) == formats.CUDA_AGENT
+    plan = formats.plan(carried, "cuda")
+    assert plan.fmt == formats.CUDA_AGENT and plan.module == "cuda_extension"
+    assert "int evil" not in plan.sources["kernels/binding.cpp"]  # the fixed infrastructure is always ours
+    assert "PYBIND11_MODULE" in plan.sources["kernels/binding.cpp"]
+    assert plan.sources["kernels/krl_bindings_list.h"] == "KRL_BINDING_FN(relu)\n"
+    assert {"kernels/relu.cu", "kernels/relu_binding.cpp"} <= set(plan.sources)
+    assert not formats.check_python(carried), formats.check_python(carried)  # `import cuda_extension` is allowed
+
+
+@pytest.mark.parametrize("files", [RELU_CUDA_AGENT, {"model_new.py": RELU_KB_CUDA}], ids=["cuda_agent", "kb_cuda"])
+def test_cuda_formats_on_the_cpu_backend_say_which_backend(sb_cfg, files):
+    out = compiler.compile_workspace(files, "cpu", sb_cfg)
+    assert not out.ok and "--backend cuda" in out.error, out.error
