@@ -250,12 +250,12 @@ class Consumer:
         self.expected = tuple(expected) if isinstance(expected, (list, tuple, set)) else (
             (expected,) if expected else ())
         self.dlq = dlq
-        self.stats = {"received": 0, "dead_lettered": 0, "commits": 0, "commit_failures": 0}
+        self.stats = {"received": 0, "dead_lettered": 0, "commits": 0, "commit_failures": 0, "coordinator_resets": 0}
         self._delivered_hi: dict = {}
         self._committed: dict = {}
         self._skipped: dict = {}
         self._acked: dict = {}  # tp -> highest offset the group coordinator acknowledged
-        self._failed: dict = {}  # tp -> offset of an async commit that failed, to be sent again
+        self._failed: set = set()  # partitions whose commit failed: their newest offset (_committed) is sent again
         self._sent_at: dict = {}  # tp -> when the newest commit was sent (an unanswered one is sent again)
         client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
         self._kwargs = consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides)
@@ -362,7 +362,7 @@ class Consumer:
             log.warning("commit refused by a rebalance (sent again if this consumer keeps the partition): %s", exc)
             for tp, o in targets.items():
                 self._committed[tp] = max(o, self._committed.get(tp, -1))
-                self._failed[tp] = max(o, self._failed.get(tp, -1))
+                self._failed.add(tp)
             return False
         except KafkaError as exc:
             self.stats["commit_failures"] += 1
@@ -389,8 +389,7 @@ class Consumer:
                             "partition): %s", response)
             else:
                 log.warning("async commit failed (sent again when the consumer is idle): %s", response)
-            for tp, om in offsets.items():
-                self._failed[tp] = max(om.offset, self._failed.get(tp, -1))
+            self._failed.update(offsets)
             return
         for tp, om in offsets.items():
             self._acked[tp] = max(om.offset, self._acked.get(tp, -1))
@@ -402,9 +401,9 @@ class Consumer:
         # at its in-flight limit, seen in CI): one sent over STALE_COMMIT_S ago and still unacknowledged is sent
         # again too. Sending an offset twice is harmless.
         now = time.monotonic()
-        stale = {tp: o for tp, o in self._committed.items()
+        stale = {tp for tp, o in self._committed.items()
                  if o > self._acked.get(tp, -1) and now - self._sent_at.get(tp, now) > STALE_COMMIT_S}
-        pending = set(stale) | set(self._failed)
+        pending = stale | self._failed
         owned = self._c.assignment() if pending else set()
         # The partition's newest offset, never the failed one: a later commit may have been sent after the failed
         # one and be answered but not yet acknowledged here (callbacks run at the next poll), and resending the
@@ -439,7 +438,7 @@ class Consumer:
         log.warning("closing the group coordinator's connection (node %s) so the commit is sent on a new one", node)
         with getattr(client, "_lock", contextlib.nullcontext()):
             client.close(node_id=node)
-        self.stats["coordinator_resets"] = self.stats.get("coordinator_resets", 0) + 1
+        self.stats["coordinator_resets"] += 1
 
     def _reassigned(self, kept, assigned) -> None:
         """After a rebalance: partitions this member held and got back keep their fetch position in
@@ -449,14 +448,14 @@ class Consumer:
         for tp in kept:
             done = self._committed.get(tp, -1)
             if done > self._acked.get(tp, -1):
-                self._failed[tp] = max(done, self._failed.get(tp, -1))
+                self._failed.add(tp)
 
     def _forget(self, partitions) -> None:
         for tp in partitions:
             self._delivered_hi.pop(tp, None)
             self._committed.pop(tp, None)
             self._skipped.pop(tp, None)
-            self._failed.pop(tp, None)
+            self._failed.discard(tp)
             self._acked.pop(tp, None)
             self._sent_at.pop(tp, None)
 

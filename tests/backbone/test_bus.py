@@ -268,6 +268,20 @@ def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(
     bus.close()
 
 
+def _one_partition_consumer(make_cfg, name: str, records: int = 1):
+    """A bus, ``records`` tasks on partition 0 of a one-partition topic, and a consumer of group ``name`` that has
+    polled them all: (bus, consumer, the records)."""
+    bus = Bus(make_cfg(topics__partitions=1), client_id=name)
+    prod = bus.producer()
+    for i in range(records):
+        prod.send(T.TASKS, Task(task_id=f"t{i}", model_py="m"), key="k", partition=0).get(10)
+    prod.close()
+    c = bus.consumer([T.TASKS], group_id=name, client_id="c")
+    got = []
+    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or len(got) == records, what=f"{records} record(s)")
+    return bus, c, got
+
+
 def test_an_async_commit_left_unanswered_is_sent_again_when_idle(make_cfg, monkeypatch):
     """kafka-python 3 can park an async commit while the coordinator's connection is at its in-flight limit (CI:
     "NodeNotReadyError: Node paused: {'max_in_flight'}") and never answer it: no ack, no failure to resend. A
@@ -276,14 +290,7 @@ def test_an_async_commit_left_unanswered_is_sent_again_when_idle(make_cfg, monke
     from cluster.bus import client as bc
     from cluster.bus.scan import committed_offsets
 
-    cfg = make_cfg(topics__partitions=1)
-    bus = Bus(cfg, client_id="parked")
-    prod = bus.producer()
-    prod.send(T.TASKS, Task(task_id="t0", model_py="m"), key="k", partition=0).get(10)
-    prod.close()
-    c = bus.consumer([T.TASKS], group_id="parked", client_id="c")
-    got = []
-    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or got, what="the record")
+    bus, c, _ = _one_partition_consumer(make_cfg, "parked")
     monkeypatch.setattr(c.kafka, "commit_async", lambda offsets, callback: None)
     assert c.commit(sync=False)
     monkeypatch.undo()
@@ -306,14 +313,7 @@ def test_a_commit_on_a_wedged_coordinator_connection_lands_on_a_new_one(make_cfg
     and is committed as serve() would. On the previous client the member stays stuck on the paused connection."""
     from cluster.bus.scan import committed_offsets
 
-    cfg = make_cfg(topics__partitions=1)
-    bus = Bus(cfg, client_id="wedged")
-    prod = bus.producer()
-    prod.send(T.TASKS, Task(task_id="t0", model_py="m"), key="k", partition=0).get(10)
-    prod.close()
-    c = bus.consumer([T.TASKS], group_id="wedged", client_id="c")
-    got = []
-    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or got, what="the record")
+    bus, c, _ = _one_partition_consumer(make_cfg, "wedged")
     coord = c.kafka._coordinator
     conn = c.kafka._client._manager._conns[coord.coordinator_id]
     conn.pause("max_in_flight")  # what kafka-python does at the limit; here nothing in flight will unpause it
@@ -328,7 +328,7 @@ def test_a_commit_on_a_wedged_coordinator_connection_lands_on_a_new_one(make_cfg
         return committed_offsets(bus, bus.group("wedged"), T.TASKS).get(0) == 1
 
     _wait(serve_step, timeout_s=60, what="the commit sent on a new connection")
-    assert c.stats.get("coordinator_resets", 0) >= 1 and conn.closed
+    assert c.stats["coordinator_resets"] >= 1 and conn.closed
     c.close()
     bus.close()
 
@@ -343,15 +343,7 @@ def test_a_failed_commit_is_never_sent_again_over_a_newer_one(make_cfg, monkeypa
 
     from cluster.bus.scan import committed_offsets
 
-    cfg = make_cfg(topics__partitions=1)
-    bus = Bus(cfg, client_id="reorder")
-    prod = bus.producer()
-    for i in range(2):
-        prod.send(T.TASKS, Task(task_id=f"t{i}", model_py="m"), key="k", partition=0).get(10)
-    prod.close()
-    c = bus.consumer([T.TASKS], group_id="reorder", client_id="c")
-    got = []
-    _wait(lambda: got.extend(c.poll(timeout_s=0.2)) or len(got) == 2, what="both records")
+    bus, c, got = _one_partition_consumer(make_cfg, "reorder", records=2)
     real_commit, calls = c.kafka.commit, []
 
     def commit_async(offsets, callback):
