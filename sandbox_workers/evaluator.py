@@ -409,6 +409,7 @@ def _bound_terms(cand: dict, base: dict) -> dict | None:
         # candidate that forges its claims in all trials but one cannot pass the bound on that one trial's gap
         gap = tc["run_min_s"] - bc * cand.get("median_s", 0.0)
         return {"run": tc["run_min_s"], "gap": gap, "overhead": max(0.0, probe["run_gap_min_s"]),
+                "reference_overhead": _reference_overhead(tb, base, bc),
                 "where": f"the same protocol around a model doing nothing ({bc} calls, least of {probe.get('trials')})"}
     if tb:
         bb = max(1, base.get("batch", 1))
@@ -435,13 +436,36 @@ def noisy(baselines: dict, max_cv: float) -> bool:
                               if isinstance(s, dict) and "median_s" in s)
 
 
+# How far the candidate session's probe may exceed the reference's overhead (another session's, same protocol and
+# batch) before the judged time stops believing it: a probe slowed by interference overstates the overhead, and
+# every second of overstatement is work a forged claim hides (held-out red team: a ~1 ms kernel with a 100x slow
+# clock got reward 3 in CI while the probe ran beside a burst of load; docs/sandbox.md).
+PROBE_OVER_REFERENCE_MAX = 2.0
+
+
+def _reference_overhead(tb: dict, base: dict, bc: int) -> float | None:
+    """The least unclaimed time of the reference's own trials (trusted code, trusted claims), scaled to bc calls."""
+    gap = tb.get("run_gap_min_s", tb.get("run_gap_s"))
+    if not isinstance(gap, (int, float)) or gap < 0:
+        return None
+    return gap / max(1, base.get("batch", 1)) * bc
+
+
 def judged_time(cand: dict, base: dict, slack: float = 0.0, abs_s: float = 0.0) -> float:
     """Seconds per call by the judge's clock: the "run" round trip less the protocol's overhead (_bound_terms,
-    plus a tolerance), 0.0 when either was not measured."""
+    plus a tolerance), 0.0 when either was not measured.
+
+    Interference only ever adds time, to the probe as to anything, so the overhead used here is never more than
+    PROBE_OVER_REFERENCE_MAX times the reference's (two independent measurements of the same protocol): an
+    inflated probe can only make the judged time larger than the truth, never let a forged claim stand."""
     terms = _bound_terms(cand, base)
     if terms is None:
         return 0.0
-    return max(0.0, (terms["run"] - terms["overhead"] * (1 + slack) - abs_s) / max(1, cand.get("batch", 1)))
+    overhead = terms["overhead"]
+    ref = terms.get("reference_overhead")
+    if ref is not None:
+        overhead = min(overhead, PROBE_OVER_REFERENCE_MAX * ref)
+    return max(0.0, (terms["run"] - overhead * (1 + slack) - abs_s) / max(1, cand.get("batch", 1)))
 
 
 class ReferenceFailure(Exception):

@@ -102,7 +102,7 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     # a short flood of both topics (the stress tool) against the same workers
     from sandbox_workers.stress import run_stress
 
-    report = run_stress(oracle_cfg, "cpu", duration_s=6.0, rate=2.0, eval_fraction=0.5, timeout_s=120,
+    report = run_stress(oracle_cfg, "cpu", duration_s=6.0, rate=2.0, eval_fraction=0.5, timeout_s=300,
                         examples="19_relu")
     assert report["sent"] >= 10 and report["timeouts"] == 0 and report["failed"] == 0, report
     assert report["compile"]["n"] + report["evaluate"]["n"] == report["sent"]

@@ -127,3 +127,22 @@ def test_the_candidates_own_probe_bounds_its_claims_before_the_baseline():
     # median) leaves the least round trip mostly unclaimed
     mixed = dict(honest, median_s=1e-6, trusted=dict(honest["trusted"], run_gap_min_s=0.0005))
     assert "contradicted" in claim_contradicted(mixed, base, 0.25, 0.0005)
+
+
+def test_a_probe_slowed_by_interference_never_lets_a_forged_clock_stand():
+    from sandbox_workers.evaluator import PROBE_OVER_REFERENCE_MAX, judged_time
+
+    # CI, held-out red team: 8 calls of a ~1 ms kernel claimed at 1/100 of their time; the probe ran beside a burst
+    # of load and its least round trip of 8 echo calls took as long as the kernel's (8 ms): the judged time was ~0,
+    # the forged claim stood, reward 3. The reference's own trials (another session, the same protocol and batch)
+    # left 0.2 ms unclaimed: the probe is believed up to PROBE_OVER_REFERENCE_MAX times that.
+    base = {"batch": 8, "median_s": 3e-5, "trusted": {"run_gap_s": 0.0003, "run_gap_min_s": 0.0002, "run_s": 0.0005}}
+    probe = {"run_gap_s": 0.0085, "run_gap_min_s": 0.0080, "batch": 8, "trials": 7}
+    forged = {"batch": 8, "median_s": 1e-5, "trusted": {"run_gap_s": 0.0082, "run_s": 0.0083, "run_gap_min_s": 0.0080,
+                                                       "run_min_s": 0.0081, "probe": probe}}
+    est = judged_time(forged, base)
+    assert abs(est - (0.0081 - PROBE_OVER_REFERENCE_MAX * 0.0002) / 8) < 1e-12
+    assert est > 0.9e-3  # the work is counted: about 1 ms a call, not the claimed 10 us
+    # a probe within the bound is believed as measured (an honest claim stands: the earlier tests)
+    calm = dict(forged, trusted=dict(forged["trusted"], probe=dict(probe, run_gap_min_s=0.0003)))
+    assert abs(judged_time(calm, base) - (0.0081 - 0.0003) / 8) < 1e-12
