@@ -280,7 +280,9 @@ class LearnerConfig:
     whiten_advantages: bool = True
     # gae: the critic's GAE (the recipe's). rloo: an episode's advantage on every token is its reward less the
     # mean reward of the other episodes of its task in the step (leave-one-out); a task with one episode in the
-    # step falls back to GAE. The critic still trains (on GAE returns) either way.
+    # step falls back to GAE. reinforce: the reward itself on every token (no baseline, no whitening): with
+    # rewards +-1, tokens that most samples share are pushed up while most samples pass, which sharpens the policy
+    # (docs/learning.md). The critic still trains (on GAE returns) either way.
     advantage: str = "gae"
     keep_checkpoints: int = 2
     model_name: str = "policy"  # key of weight announcements; actors filter on it
@@ -354,7 +356,7 @@ _CHOICES = {
     "actor.final_eval_mode": {"both", "verify"},
     "learner.dtype": {"fp32", "bf16"},
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
-    "learner.advantage": {"gae", "rloo"},
+    "learner.advantage": {"gae", "rloo", "reinforce"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
     "learner.weight_layout": {"files", "buckets"},

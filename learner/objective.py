@@ -157,3 +157,14 @@ def whiten(adv: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Te
     mean = (adv * m).sum() / n
     var = (((adv - mean) ** 2) * m).sum() / n
     return (adv - mean) * torch.rsqrt(var + eps) * m
+
+
+def episode_baselines(kind: str, samples) -> dict[str, float]:
+    """Per episode id, the baseline its reward is taken against on every generated token (learner.advantage):
+    "rloo" the leave-one-out mean, "reinforce" none (0: the reward itself, and nothing recentres it, since the
+    trainer whitens only GAE's advantages), "gae" {} (the critic's GAE for every episode)."""
+    if kind == "rloo":
+        return leave_one_out_baselines(samples)
+    if kind == "reinforce":
+        return {s.episode_id: 0.0 for s in samples}
+    return {}

@@ -17,7 +17,7 @@ import torch
 from learner import engine as eng
 from learner.data import MicroBatch, Sample, collate, empty_like_batch, pack
 from learner.models import Critic, load_critic, load_policy, token_logprobs
-from learner.objective import PPOParams, gae, leave_one_out_baselines, ppo_policy_loss, sft_loss, value_loss
+from learner.objective import PPOParams, episode_baselines, gae, ppo_policy_loss, sft_loss, value_loss
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,7 @@ class Trainer:
         elif self.stage == "critic":
             metrics = self._ppo(batches, train_policy=False)
         else:
-            rloo = self.cfg.learner.advantage == "rloo"
-            metrics = self._ppo(batches, train_policy=True, baselines=leave_one_out_baselines(samples) if rloo else {})
+            metrics = self._ppo(batches, train_policy=True, baselines=episode_baselines(self.cfg.learner.advantage, samples))
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
         metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
         return metrics

@@ -89,3 +89,14 @@ def test_leave_one_out_baseline_is_the_mean_of_the_other_episodes_of_the_task():
     assert advantages == [1.0, 1.0, -2.0] and sum(advantages) == 0.0  # one task's advantages cancel out
     everyone_passed = [s(episode_id=str(i), task_id="t", reward=1.0) for i in range(4)]
     assert all(1.0 - b == 0.0 for b in leave_one_out_baselines(everyone_passed).values())
+
+
+def test_each_advantage_kind_picks_its_baseline():
+    from learner.objective import episode_baselines
+
+    s = types.SimpleNamespace
+    samples = [s(episode_id="a", task_id="t", reward=1.0), s(episode_id="b", task_id="t", reward=-1.0)]
+    assert episode_baselines("gae", samples) == {}  # the critic's GAE for every episode
+    assert episode_baselines("rloo", samples) == {"a": -1.0, "b": 1.0}
+    # reinforce: the reward itself on every token, an all-pass batch still pushes its samples up
+    assert episode_baselines("reinforce", samples) == {"a": 0.0, "b": 0.0}
