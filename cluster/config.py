@@ -240,6 +240,10 @@ class LearnerConfig:
     critic_lr: float = 6e-6
     clip_low: float = 0.2
     clip_high: float = 0.28
+    # PPO's penalty on KL(pi || pi_ref), pi_ref the policy as PPO began (the RFT policy), k3 estimator on the
+    # sampled tokens: keeps a few samples' noisy steps from walking the policy off what RFT taught it. 0: none
+    # (the reference is snapshotted in the learner's memory at its first PPO step; ZeRO stage <= 2)
+    kl_ref_coef: float = 0.0
     value_clip: float = 0.2
     gamma: float = 1.0
     lam: float = 0.95

@@ -168,3 +168,11 @@ def episode_baselines(kind: str, samples) -> dict[str, float]:
     if kind == "reinforce":
         return {s.episode_id: 0.0 for s in samples}
     return {}
+
+
+def kl_to_reference(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """k3 estimate of KL(pi || pi_ref) on the sampled tokens, summed over masked tokens / normaliser: exp(d) - d - 1
+    with d = logp_ref - logp, never negative, zero where pi = pi_ref, its gradient pulling logp toward logp_ref."""
+    d = logp_ref.detach() - logp
+    m = (mask > 0).to(logp.dtype)
+    return ((torch.exp(d) - d - 1.0) * m).sum() / max(normaliser, 1.0)

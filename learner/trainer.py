@@ -17,7 +17,8 @@ import torch
 from learner import engine as eng
 from learner.data import MicroBatch, Sample, collate, empty_like_batch, pack
 from learner.models import Critic, load_critic, load_policy, token_logprobs
-from learner.objective import PPOParams, episode_baselines, gae, ppo_policy_loss, sft_loss, value_loss
+from learner.objective import (PPOParams, episode_baselines, gae, kl_to_reference, ppo_policy_loss, sft_loss,
+                               value_loss)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Trainer:
         self.policy = eng.make_engine(load_policy(model_path, dtype), cfg, lc.actor_lr)
         self.critic = eng.make_engine(load_critic(lc.critic_model_path or model_path, dtype), cfg, lc.critic_lr)
         self.pad_id = int(getattr(self.policy.module.config, "pad_token_id", None) or 0)
+        self.reference = None  # the policy as PPO began, frozen (learner.kl_ref_coef > 0)
         self.params = PPOParams(clip_low=lc.clip_low, clip_high=lc.clip_high, mode=lc.off_policy,
                                 is_cap=lc.is_cap, mask_low=lc.is_mask_low, mask_high=lc.is_mask_high,
                                 value_clip=lc.value_clip)
@@ -71,7 +73,8 @@ class Trainer:
         return self.critic(mb.input_ids, mb.attention_mask).float()
 
     @torch.no_grad()
-    def _prepare(self, mb: MicroBatch, need_prox: bool, need_values: bool, baselines: dict | None = None) -> dict:
+    def _prepare(self, mb: MicroBatch, need_prox: bool, need_values: bool, baselines: dict | None = None,
+                 need_ref: bool = False) -> dict:
         """Proximal log-probs, old values, advantages and returns of one micro-batch (no grad). ``baselines``
         (episode id -> leave-one-out mean reward): those episodes' advantages are reward - baseline on every
         generated token instead of GAE's; returns (the critic's targets) stay GAE's."""
@@ -80,6 +83,9 @@ class Trainer:
         out: dict = {}
         if need_prox:
             out["logp_prox"] = self._logp(mb)[0].float()
+        if self.reference is not None and need_ref:
+            out["logp_ref"] = token_logprobs(self.reference, mb.input_ids, mb.attention_mask,
+                                             chunk=self.cfg.learner.logit_chunk)[0].float()
         if need_values:
             values = self._values(mb) * mb.loss_mask
             adv = torch.zeros_like(values)
@@ -119,10 +125,22 @@ class Trainer:
         elif self.stage == "critic":
             metrics = self._ppo(batches, train_policy=False)
         else:
+            self._snapshot_reference()
             metrics = self._ppo(batches, train_policy=True, baselines=episode_baselines(self.cfg.learner.advantage, samples))
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
         metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
         return metrics
+
+    def _snapshot_reference(self) -> None:
+        """At the first PPO step, a frozen copy of the policy for the KL penalty (learner.kl_ref_coef)."""
+        if self.reference is not None or self.cfg.learner.kl_ref_coef <= 0:
+            return
+        import copy
+
+        self.reference = copy.deepcopy(self.policy.module).eval()
+        for prm in self.reference.parameters():
+            prm.requires_grad_(False)
+        log.info("PPO's KL reference: the policy as of this step (kl_ref_coef %g)", self.cfg.learner.kl_ref_coef)
 
     def _sft(self, batches: list[MicroBatch]) -> dict:
         norm = self._global_tokens(batches) / self.world
@@ -144,7 +162,8 @@ class Trainer:
     def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None) -> dict:
         lc = self.cfg.learner
         need_prox = train_policy and self.params.mode != "none"
-        prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines) for mb in batches]
+        prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines, need_ref=train_policy)
+                    for mb in batches]
         if lc.whiten_advantages and train_policy and not baselines:  # a leave-one-out baseline centres already
             self._whiten(prepared, batches)
         norm = self._global_tokens(batches) / self.world
@@ -161,6 +180,10 @@ class Trainer:
                     logp, ent = self._logp(mb, entropy=True)
                     prox = prep.get("logp_prox", logp.detach())  # mode none: KL stats vs current pi
                     loss, st = ppo_policy_loss(logp, prox, mb.logp_mu, prep["adv"], m, self.params, norm)
+                    if "logp_ref" in prep:
+                        kl_ref = kl_to_reference(logp, prep["logp_ref"], m, norm)
+                        loss = loss + lc.kl_ref_coef * kl_ref
+                        acc["kl_ref"] += float(kl_ref.detach()) / self.world
                     self.policy.backward(loss, scale_wrt_gas=False)
                     acc["policy_loss"] += float(loss.detach()) / self.world
                     acc["entropy_sum"] += float((ent * m).sum())
@@ -178,8 +201,9 @@ class Trainer:
             if train_policy:
                 self.policy.step()
             self.critic.step()
-        for key in ("policy_loss", "value_loss"):
-            acc[key] /= lc.ppo_epochs
+        for key in ("policy_loss", "value_loss", "kl_ref"):
+            if key in acc:
+                acc[key] /= lc.ppo_epochs
         keys = ("entropy", "clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean",
                 "value_err", "value_clip_frac") if train_policy else ("value_err", "value_clip_frac")
         out = self._finish(acc, keys)
@@ -191,7 +215,7 @@ class Trainer:
 
     def _finish(self, acc: dict, mean_keys: tuple[str, ...]) -> dict:
         """Token-weighted means over all ranks; losses summed over ranks (each already a share)."""
-        loss_keys = [k for k in ("loss", "policy_loss", "value_loss") if k in acc]
+        loss_keys = [k for k in ("loss", "policy_loss", "value_loss", "kl_ref") if k in acc]
         sums = eng.all_reduce_sum([acc["n"]] + [acc[k + "_sum"] for k in mean_keys] + [acc[k] for k in loss_keys])
         n = max(sums[0], 1.0)
         out = {k: sums[1 + i] / n for i, k in enumerate(mean_keys)}

@@ -100,3 +100,19 @@ def test_each_advantage_kind_picks_its_baseline():
     assert episode_baselines("rloo", samples) == {"a": -1.0, "b": 1.0}
     # reinforce: the reward itself on every token, an all-pass batch still pushes its samples up
     assert episode_baselines("reinforce", samples) == {"a": 0.0, "b": 0.0}
+
+
+def test_kl_to_reference_is_zero_at_the_reference_and_pulls_back_toward_it():
+    from learner.objective import kl_to_reference
+
+    ref = torch.tensor([[0.0, -1.0, -2.0, -0.5]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    assert float(kl_to_reference(ref.clone(), ref, mask, 3.0)) == 0.0
+    logp = torch.tensor([[0.0, -0.5, -2.5, -0.5]], requires_grad=True)
+    kl = kl_to_reference(logp, ref, mask, 3.0)
+    d = ref - logp.detach()
+    assert abs(float(kl) - float(((d.exp() - d - 1) * mask).sum() / 3.0)) < 1e-7 and float(kl) > 0
+    kl.backward()
+    # descending the penalty moves each masked log-prob toward the reference's; unmasked positions get nothing
+    step = -logp.grad
+    assert step[0, 1] < 0 and step[0, 2] > 0 and step[0, 3] == 0 and step[0, 0] == 0

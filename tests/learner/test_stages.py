@@ -62,3 +62,26 @@ def test_ppo_stages_move_policy_toward_advantage(ds_process, tiny_model, stage, 
         assert mean_gain(pos) > 0 > mean_gain(neg)
     for key in ("clip_frac", "is_masked_frac", "entropy", "value_err", "tokens"):
         assert key in last
+
+
+def test_kl_to_the_reference_holds_ppo_near_the_policy_it_started_from(ds_process, tiny_model):
+    """learner.kl_ref_coef: the policy as PPO began is snapshotted at the first PPO step; the penalty keeps the
+    policy's log-probs of the sampled tokens nearer to it than the same steps without it (real DeepSpeed)."""
+    drift = {}
+    for coef in (0.0, 20.0):
+        tr = _trainer(tiny_model, stage="ppo", off_policy="decoupled", zero_stage=1, kl_ref_coef=coef)
+        batch = _batch()
+        for s in batch:
+            with torch.no_grad():
+                s.logprobs = tr._logp(collate([s]))[0][0].numpy().astype("float32") * s.loss_mask
+        steps = [tr.step(batch) for _ in range(5)]
+        assert (tr.reference is not None) == (coef > 0)
+        if coef > 0:
+            assert steps[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
+            assert steps[-1]["kl_ref"] > 0
+        else:
+            assert "kl_ref" not in steps[-1]
+        with torch.no_grad():
+            drift[coef] = sum(float((abs(tr._logp(collate([s]))[0][0].numpy() - s.logprobs) * s.loss_mask).sum())
+                              for s in batch)
+    assert drift[20.0] < 0.7 * drift[0.0], drift
