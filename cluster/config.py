@@ -460,6 +460,12 @@ def validate(cfg: Config) -> Config:
                           f"'buckets', got {cfg.learner.weight_layout!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
+    if cfg.learner.kl_ref_coef < 0:
+        raise ConfigError(f"learner.kl_ref_coef: must be >= 0 (0: no KL penalty), got {cfg.learner.kl_ref_coef!r}")
+    if cfg.learner.kl_ref_coef > 0 and cfg.learner.zero_stage == 3:
+        # the reference is a deep copy of the policy module, whose parameters ZeRO-3 has partitioned away
+        raise ConfigError(f"learner.kl_ref_coef: needs learner.zero_stage <= 2, got zero_stage 3 with "
+                          f"kl_ref_coef {cfg.learner.kl_ref_coef!r}")
     from learner.stages import parse as parse_stages  # pure Python: names the field and the bad part
 
     try:

@@ -8,6 +8,7 @@ count times the world size, since DeepSpeed averages gradients over ranks.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import defaultdict
@@ -135,8 +136,6 @@ class Trainer:
         """At the first PPO step, a frozen copy of the policy for the KL penalty (learner.kl_ref_coef)."""
         if self.reference is not None or self.cfg.learner.kl_ref_coef <= 0:
             return
-        import copy
-
         self.reference = copy.deepcopy(self.policy.module).eval()
         for prm in self.reference.parameters():
             prm.requires_grad_(False)
@@ -164,7 +163,8 @@ class Trainer:
         need_prox = train_policy and self.params.mode != "none"
         prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines, need_ref=train_policy)
                     for mb in batches]
-        if lc.whiten_advantages and train_policy and not baselines:  # a leave-one-out baseline centres already
+        # whitening is GAE's: a leave-one-out baseline centres already, and reinforce's reward must keep its sign
+        if lc.whiten_advantages and train_policy and not baselines:
             self._whiten(prepared, batches)
         norm = self._global_tokens(batches) / self.world
         acc = defaultdict(float)
@@ -201,9 +201,10 @@ class Trainer:
             if train_policy:
                 self.policy.step()
             self.critic.step()
-        for key in ("policy_loss", "value_loss", "kl_ref"):
-            if key in acc:
-                acc[key] /= lc.ppo_epochs
+        for key in ("policy_loss", "value_loss"):
+            acc[key] /= lc.ppo_epochs
+        if "kl_ref" in acc:  # reported only where the penalty applies
+            acc["kl_ref"] /= lc.ppo_epochs
         keys = ("entropy", "clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean",
                 "value_err", "value_clip_frac") if train_policy else ("value_err", "value_clip_frac")
         out = self._finish(acc, keys)

@@ -26,11 +26,18 @@ def test_precedence_file_env_cli(tmp_path):
     ("topics.trajectory_max_message_bytes=1000", "topics.trajectory_max_message_bytes: must be >= 8 MiB"),
     ("actor.concurrency", "expected section.field=value"),
     ("actor.weights_keep=-1", "actor.weights_keep: must be >= 0 (0 keeps every version), got -1"),
+    ("learner.kl_ref_coef=-0.5", "learner.kl_ref_coef: must be >= 0 (0: no KL penalty), got -0.5"),
 ])
 def test_errors_name_field_and_value(override, needle):
     with pytest.raises(ConfigError) as e:
         load(overrides=[override], environ={})
     assert needle in str(e.value)
+
+
+def test_kl_reference_needs_an_unpartitioned_policy():
+    with pytest.raises(ConfigError, match="learner.kl_ref_coef: needs learner.zero_stage <= 2"):
+        load(overrides=["learner.kl_ref_coef=0.5", "learner.zero_stage=3"], environ={})
+    assert load(overrides=["learner.kl_ref_coef=0.5", "learner.zero_stage=2"], environ={}).learner.kl_ref_coef == 0.5
 
 
 def test_bad_toml_and_missing_file(tmp_path):
