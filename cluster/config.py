@@ -169,6 +169,15 @@ class SandboxConfig:
     # waited ~5.5 s for one, with 4 none did once the pool was full (docs/oracle-gpu.md, session 9). CUDA only: on
     # a CPU host (>= 8 cores) one pair is kept, since starting pairs share the timed job's cores
     warm_pool: int = 4
+    # Evaluation jobs in flight per device (the eval worker serves that many requests at once; the warm pool grows
+    # with it): one job's session start, load and verification overlap another's timing, while timing stays
+    # exclusive: a per-device gate, and the other jobs' processes frozen (SIGSTOP) while one is timed
+    # (sandbox_workers/device_gate.py, docs/oracle-gpu.md "Several jobs per GPU"). 1 = one job at a time.
+    jobs_per_device: int = 1
+    # CUDA, jobs_per_device > 1: before a timed section, wait at most this long for NVML to report the device idle
+    # (kernels a frozen process had queued still run); not idle in time: the job's timing is marked noisy, a
+    # cached baseline measured again on its next use. 0 = do not wait.
+    gate_idle_wait_s: float = 0.0
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...
@@ -480,6 +489,10 @@ def validate(cfg: Config) -> Config:
     if cfg.bus.heartbeat_interval_ms >= cfg.bus.session_timeout_ms:
         raise ConfigError(f"bus.heartbeat_interval_ms: must be < bus.session_timeout_ms "
                           f"({cfg.bus.session_timeout_ms!r}), got {cfg.bus.heartbeat_interval_ms!r}")
+    if not 1 <= cfg.sandbox.jobs_per_device <= 64:
+        raise ConfigError(f"sandbox.jobs_per_device: must be 1..64, got {cfg.sandbox.jobs_per_device!r}")
+    if not 0 <= cfg.sandbox.gate_idle_wait_s <= 10:
+        raise ConfigError(f"sandbox.gate_idle_wait_s: must be 0..10 s, got {cfg.sandbox.gate_idle_wait_s!r}")
     if cfg.sandbox.cpu_cores:
         from sandbox_workers import cpuset  # names the field and the bad value
 

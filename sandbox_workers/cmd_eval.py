@@ -59,11 +59,12 @@ def run(args, cfg) -> int:
     metrics.serve_from_env("eval-worker", cfg.cluster.metrics_host, name=handler.name, backend=backend,
                            device=device_key)
     topic = topics.evaluate_topic(backend)
-    log.info("eval worker %s serving %s", handler.name, bus.topic(topic))
+    log.info("eval worker %s serving %s (%d job(s) at once)", handler.name, bus.topic(topic), handler.jobs)
     try:
+        # sandbox.jobs_per_device requests at once (handler threads): pipelined on the device, timing exclusive
         stats = serve(bus, topic, bus.group(args.group or f"eval-workers-{backend}"), handler, stop,
                       expected=(EvaluateRequest, FilterRequest),
-                      max_messages=args.max_messages or None)
+                      max_messages=args.max_messages or None, concurrency=handler.jobs)
         log.info("eval worker done: %s", stats)
     except Abandoned:
         log.info("eval worker stopped mid-job; the job stays uncommitted")

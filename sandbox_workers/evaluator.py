@@ -24,12 +24,12 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from sandbox_workers import compiler, cpuset, formats, guards, workspace
+from sandbox_workers import compiler, cpuset, device_gate, formats, guards, workspace
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = "judge-4"
+PROTOCOL_VERSION = "judge-5"  # judge-5: CPU inputs written in plain after the clock starts (no sealing)
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
     def __init__(self, cfg, backend: str | None = None, device_key: str = "", fetch=None):
@@ -46,10 +46,28 @@ class Evaluator:
         os.chmod(self.ref_root, 0o700)  # trusted state: no sandbox user may read or write it
         self._lock = threading.Lock()
         self._ready: dict[str, list[Session]] = {}  # role -> started sessions waiting for their jobs, oldest first
+        # jobs evaluated at once on this device (threads calling evaluate()); their timed phases stay exclusive
+        # through the device's gate, which freezes the other jobs' sessions while one is timed (device_gate.py)
+        self.jobs = max(1, int(getattr(self.sb, "jobs_per_device", 1)))
+        cuda = self.backend == "cuda"
+        self.gate = device_gate.for_device(self.device_key, freeze=self.jobs > 1, nvml=cuda,
+                                           idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0)
+        self._tls = threading.local()  # the gate's records of the job on this thread
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
                  artifact_key: str = "") -> dict:
+        """One job; up to ``sandbox.jobs_per_device`` of them may run at once on threads of one Evaluator."""
+        self._tls.gate = []
+        try:
+            res = self._evaluate(task_source, files, mode, artifact, artifact_key)
+        finally:
+            holds, self._tls.gate = self._tls.gate, []
+        gate_evidence(res, holds)
+        return res
+
+    def _evaluate(self, task_source: str, files: dict[str, str], mode: str, artifact: bytes,
+                  artifact_key: str) -> dict:
         t0 = time.monotonic()
         res = _empty_result()
         try:
@@ -148,7 +166,11 @@ class Evaluator:
             if lib is not None or not info.get("ok", True):
                 return lib, info  # the compile worker's artifact, or its verdict: the policy's compile failure
             notes = info  # no usable answer: why, kept with the local build's evidence
-        out = compiler.compile_workspace(files, self.backend, self.cfg)
+        if self.backend == "cpu" and self.jobs > 1:  # a build on the cores another job may be timed on
+            with self.gate.holding(f"build-{threading.get_ident()}", device_gate.SHARED, "local_build"):
+                out = compiler.compile_workspace(files, self.backend, self.cfg)
+        else:
+            out = compiler.compile_workspace(files, self.backend, self.cfg)
         info = {"ok": out.ok, "key": out.key, "cached": out.cached, "log": out.log, "error": out.error,
                 "violations": out.violations, "duration_s": out.duration_s, "source": "local_build", **notes}
         return (out.library if out.ok else None), info
@@ -212,14 +234,20 @@ class Evaluator:
                     sess.close()
                     sess = None
             if sess is None:
-                sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start()
+                sess = self._new_session(role)
             if role == "candidate" and self.sb.warm_sessions and (self.backend == "cuda" or len(cpuset.available()) >= 8):
                 # on a small CPU host the next pairs' start-up would slow the job being timed; on a CPU host the
-                # pairs share the timed job's cores, so one at a time there (the GPU times on the device)
-                size = max(1, self.sb.warm_pool) if self.backend == "cuda" else 1
+                # pairs share the timed job's cores, so one per job in flight there (the GPU times on the device);
+                # with several jobs per device the pool serves them all (sessions are used at that many times the rate)
+                size = max(1, self.sb.warm_pool) * self.jobs if self.backend == "cuda" else self.jobs
                 while len(pool) < size:
-                    pool.append(Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache()).start())
+                    pool.append(self._new_session(role))
             return sess
+
+    def _new_session(self, role: str) -> Session:
+        sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache())
+        sess.gate = self.gate  # its judge holds the device's gate; its processes are frozen while another job is timed
+        return sess.start()
 
     def _session(self, role: str, spec: dict, library: Path | None = None):
         t0 = time.monotonic()
@@ -232,6 +260,11 @@ class Evaluator:
                     v["library"], spec["infra"] = lib_inside, sess.infra()
             t_run = time.monotonic()
             out = sess.run(spec, wall_s=float(spec["deadline_s"]) + 120)
+            holds = [dict(r, role=role) for r in getattr(out, "gate", None) or []]
+            if hasattr(self._tls, "gate"):
+                self._tls.gate.extend(holds)
+            if isinstance(out.judge, dict):
+                out.judge["gate_noisy"] = any(r.get("idle") is False for r in holds)
             if isinstance(out.judge, dict):  # the worker's side of the session is part of the job's phases too
                 out.judge["phases"] = {"session_start_s": round(take_s, 6), **(out.judge.get("phases") or {}),
                                        "session_run_s": round(time.monotonic() - t_run, 6)}
@@ -295,7 +328,8 @@ class Evaluator:
         with open(d / ".lock", "w") as lockf:
             fcntl.flock(lockf, fcntl.LOCK_EX)
             meta = _read_json(d / "baselines.json") if use_cache else None
-            if meta and meta.get("eager", {}).get("median_s") and not noisy(meta, self.sb.baseline_max_cv):
+            if meta and meta.get("eager", {}).get("median_s") and not noisy(meta, self.sb.baseline_max_cv) \
+                    and not meta.get("gate_noisy"):
                 return dict(meta, cached=True)
             variants = [{"name": "eager", "module": "krl_task", "cls": "Model", "source": task_source,
                          "checked": False}]
@@ -316,6 +350,9 @@ class Evaluator:
             if meta:
                 found = keep_faster(meta, found)
             found["versions"] = judge.get("versions", {})
+            # timed while the device was not idle (another job's queued kernels, device_gate.py): used now,
+            # measured again on the next use (the faster of the two kept)
+            found["gate_noisy"] = bool(judge.get("gate_noisy"))
             (d / "baselines.json").write_text(json.dumps(found))
             return dict(found, cached=False, phases=judge.get("phases", {}))
 
@@ -369,6 +406,19 @@ class Evaluator:
         res["speedup_vs_eager"] = speedup(t, te)
         res["speedup_vs_compile"] = speedup(t, tc)
         res["reward"] = milestone_reward(res["compiled"], res["correct"], t, te, tc, self.sb.speedup_threshold)
+
+
+def gate_evidence(res: dict, holds: list[dict]) -> None:
+    """The device gate's records of one job into its result: every hold (mode, phase, monotonic grant and
+    release), the seconds waited for the gate, and whether a timed section began on a device not idle."""
+    ev = res.setdefault("evidence", {})
+    ev["gate"] = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in holds]
+    if not holds:
+        return
+    if isinstance(ev.get("phases"), dict):
+        ev["phases"]["gate_wait_s"] = round(sum(r.get("waited_s", 0.0) for r in holds), 6)
+    if any(r.get("mode") == device_gate.EXCLUSIVE and r.get("idle") is False for r in holds):
+        ev["timing_noisy"] = True
 
 
 def claim_contradicted(cand: dict, base: dict, slack: float, abs_s: float) -> str:

@@ -7,11 +7,15 @@ imports or runs candidate code: the candidate lives in another sandboxed process
 shared arena. Per trial:
 
   fresh inputs from a secret seed (one set per call) -> expected outputs by the reference
-  -> stage (the remote copies them) -> the judge flushes the caches -> run (the remote claims
+  -> stage (where they will be) -> the judge flushes the caches -> (CPU: the judge writes
+  them into the arena) run (the remote claims
   a time per call and writes its outputs) -> the judge snapshots the outputs -> every checked
   output compared here, on every element.
 
-Inputs travel sealed (XORed with a pad whose key comes only with "run"), and the remote writes its
+On the CPU backend the inputs reach the shared arena only after the judge's clock for the call has
+started (`layout_plain`: the judge copies them in, the remote runs the model on views of them), so the
+remote has no protocol work on its inputs that a candidate could do faster than the probe's stand-in;
+on CUDA they travel sealed (XORed with a pad whose key comes only with "run"). The remote writes its
 outputs into the arena before it replies to "run"; the judge copies them out the moment the reply
 arrives, and that copy ends the round trip its clock measures: whatever the remote computes, it
 computes inside it. Before any model code is loaded, the judge times the same protocol around a
@@ -36,6 +40,7 @@ import traceback
 
 import torch
 
+from sandbox_workers import device_gate
 from sandbox_workers.candidate import devarena, wire
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,8 @@ class Judge:
         self._layout: tuple[list[tuple[list, str]], int] | None = None  # outputs_layout()
         self.out_lo = 0  # the device arena: inputs in [0, out_lo), outputs in [out_lo, size)
         self.cap_bytes = 0  # bytes one batched trial may take (0: the host arena's max_batch_bytes)
+        # the worker's device gate (device_gate.py): shared around untimed device work, exclusive around timing
+        self.gate = device_gate.client_from_env()
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -135,21 +142,29 @@ class Judge:
         sets = [self.fresh_inputs() for _ in range(b)]
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         keys = [self.rng.getrandbits(62) for _ in sets]
+        plain = None  # CPU: the input bytes, written into the shared arena only after the clock starts
         if self.darena is not None:  # inputs and outputs in GPU memory both processes map: no host copies
             descs = self.put_device(sets, keys)
             self.runtime.sync()  # the remote (another process) reads them next
             where = {"device": True, "lo": self.out_lo, "hi": self.darena.size}
+        elif self.device == "cpu":  # nothing sealed: the plaintext is written into the arena once the clock runs
+            descs, lo, plain = self.layout_plain(sets, b * out_bytes)
+            keys = []
+            where = {"lo": lo, "hi": lo + b * out_bytes}
         else:
             descs, lo = self.put_host(sets, keys, b * out_bytes)
             where = {"lo": lo, "hi": lo + b * out_bytes}
         del sets
         clock = self.clock
         t0 = clock()
-        self.ask({"op": "stage", "sets": descs, "device": self.darena is not None})
+        self.ask({"op": "stage", "sets": descs, "device": self.darena is not None, "plain": bool(plain is not None)})
         t1 = clock()
         self.runtime.flush()
         self.runtime.sync()
         t2 = clock()
+        if plain is not None:  # the call's inputs exist outside this process only from here on (layout_plain)
+            self.arena.raw(0, plain.numel()).copy_(plain)
+            del plain
         ran = self.ask({"op": "run", "keys": keys, "guard": guard, **where})
         t_reply = clock()
         got = self.snapshot(ran.get("outs"), b, where["lo"], where["hi"])
@@ -180,6 +195,35 @@ class Judge:
             descs.append(d)
             del sealed
         return descs, lo
+
+    def layout_plain(self, sets: list[list], out_total: int) -> tuple[list, int, torch.Tensor]:
+        """CPU: the input sets laid out as the host arena will hold them, in a buffer private to this process; their
+        descriptors, where the outputs go, and the buffer. `trial` copies the buffer into the arena (one memcpy)
+        only after its clock for the call has started, and the remote runs the model on views of the arena: no
+        unsealing on the remote's side, so no protocol work there that a candidate could do faster (or fuse with
+        its kernel) than the stand-in model of the probe did. Until that copy the arena holds the previous call's
+        inputs (fresh secret seeds every call: they tell nothing about this one)."""
+        in_bytes = sum(wire.nbytes_of(s) for s in sets)
+        lo = wire.align(in_bytes + wire.ALIGN)
+        self.arena.ensure(lo + out_total)
+        buf = torch.zeros(in_bytes, dtype=torch.uint8)  # zeros, not empty: the alignment gaps reach the remote too
+        descs, pos = [], 0
+        for s in sets:
+            d, pos = self._put_values(lambda off, n: buf[off:off + n], s, pos, in_bytes)
+            descs.append(d)
+        return descs, lo, buf[:pos]
+
+    @staticmethod
+    def _put_values(region_of, values: list, pos: int, end: int) -> tuple[list[dict], int]:
+        """`wire.Arena.put` into any uint8 region (tensors copied to the host; plain values inline)."""
+        descs = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                d, pos = wire.place(region_of, [v.detach().cpu()], pos, end)
+                descs += d
+            else:
+                descs.append({"t": "value", "v": wire.plain(v)})
+        return descs, pos
 
     def put_device(self, sets: list[list], keys: list[int]) -> list[list]:
         """The input sets copied into the device arena's input region and sealed there, in place."""
@@ -331,6 +375,7 @@ class Judge:
             run_trial(1, False)
         out["first_call_s"] = time.monotonic() - t_first
         phases.mark(f"{name}.warmup_s")
+        self.gate.acquire(device_gate.EXCLUSIVE, f"{name}.timing", self)  # alone on the device from here
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         out["batch_from_reference_s"] = self.t_ref
         t_start = time.monotonic()
@@ -343,6 +388,7 @@ class Judge:
             if self.left() < 0.1 * float(self.spec["deadline_s"]):
                 break  # keep what was measured rather than lose it all to the deadline
         phases.mark(f"{name}.timing_s")
+        self.gate.release()
         out["checks"] = len(checks)
         out["timing"] = summarize_trials(trials)
         if self.probe and self.probe["batch"] == b:
@@ -484,9 +530,11 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | N
     phases.mark("judge_start_s")  # the remote's hello, this side's CUDA context, versions and clocks
     try:
         task = load_task(spec["task_source"])
+        judge.gate.acquire(device_gate.SHARED, "reference", judge)
         judge.build_reference(task)
         phases.mark("reference_s")
-        if spec.get("timing"):
+        if spec.get("timing"):  # the reference's time sizes the batch, then the probe: timed, so alone
+            judge.gate.acquire(device_gate.EXCLUSIVE, "time_reference+probe", judge)
             judge.t_ref = judge.time_reference()  # before the remote loads any model (see batch_size)
             phases.mark("time_reference_s")
     except Exception as exc:  # noqa: BLE001 - the task itself is broken: not the candidate's fault
@@ -506,6 +554,7 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | N
     for v in spec["variants"]:
         t0 = time.monotonic()
         try:
+            judge.gate.acquire(device_gate.SHARED, f"{v['name']}.load+verify", judge)
             judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False),
                        v.get("ext", ""))
             phases.mark(f"{v['name']}.load_s")
@@ -545,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = socket.socket(fileno=args.sock) if args.sock >= 0 else None
         result = run(spec, wire.Channel(args.rfd, args.wfd), arena, sock)
+        device_gate.client_from_env().release()  # a no-op unless the gate is still held (the exit below ends it too)
     except BaseException as exc:  # noqa: BLE001 - report whatever ended the judge
         result = {"ok": False, "infra": True, "error": "judge crashed: " + _err(exc)}
     tmp = spec["result_path"] + ".tmp"

@@ -10,6 +10,7 @@ other files.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,11 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.config import PROJECT_ROOT
-from sandbox_workers import cpuset, isolation
+from sandbox_workers import cpuset, device_gate, isolation
 from sandbox_workers.isolation import Limits
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class SessionResult:
     judge_log: str = ""
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
+    gate: list[dict] = field(default_factory=list)  # the judge's holds of the device gate (device_gate.py)
 
 
 def _job_root() -> str | None:
@@ -54,8 +57,10 @@ class Session:
         self.inductor_cache = inductor_cache
         self.isolated = getattr(self.sb, "isolation", "none") != "none"
         self.procs: list[subprocess.Popen] = []  # [remote, judge] once started
+        self.gate: device_gate.DeviceGate | None = None  # set by the evaluator before start(): the device's gate
         self._logs: list = []
         self.dir = Path(tempfile.mkdtemp(prefix="krl-job-", dir=_job_root()))
+        self.sid = self.dir.name
         for sub in ("judge", "remote"):
             (self.dir / sub).mkdir()
         self.arena = self.dir / "arena"
@@ -88,12 +93,21 @@ class Session:
         # CUDA: the device arena's descriptor goes judge -> remote over this (before the remote's seccomp)
         socks = socket.socketpair() if self.backend == "cuda" and self.sb.cuda_device_arena else None
         s_j, s_r = (socks[0].fileno(), socks[1].fileno()) if socks else (-1, -1)
+        # the device gate: judge -> worker requests, worker -> judge grants; the judge's ends only, never the remote's
+        gate_fds = (*os.pipe(), *os.pipe()) if self.gate is not None else ()
         self._logs = [open(self.dir / "remote.log", "w+b"), open(self.dir / "judge.log", "w+b")]  # noqa: SIM115 - the children write them until close()
+        spawning = self.gate.spawning(self.sid) if self.gate is not None else _no_gate()
         try:
-            self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0], s_r))
-            self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1], s_j))
+            with spawning as add:  # never while another session is timed; frozen with the rest from here on
+                self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0], s_r))
+                add(self.procs[-1].pid)
+                self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1], s_j, gate_fds[2:0:-1]))
+                add(self.procs[-1].pid)
+            if gate_fds:
+                self.gate.serve(self.sid, gate_fds[0], gate_fds[3])
+                gate_fds = (gate_fds[1], gate_fds[2])  # the worker's copies of the judge's ends
         finally:
-            for fd in (j_r, r_w, r_r, j_w):
+            for fd in (j_r, r_w, r_r, j_w, *gate_fds):
                 os.close(fd)
             for sk in socks or ():
                 sk.close()
@@ -108,13 +122,21 @@ class Session:
         remote, judge = self.procs
         spec = dict(spec, result_path=self.path(self.dir / "judge" / "result.json", "/job/judge/result.json"))
         timed_out = False
+        t_end = time.monotonic() + wall_s
+        data: bytes | None = json.dumps(spec).encode()
         try:
-            try:
-                judge.communicate(json.dumps(spec).encode(), timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            except BrokenPipeError:
-                log.warning("the judge exited before reading its spec")
+            while True:
+                try:
+                    judge.communicate(data, timeout=max(0.1, t_end + self._gate_credit() - time.monotonic()))
+                    break
+                except subprocess.TimeoutExpired:
+                    data = None
+                    if time.monotonic() >= t_end + self._gate_credit():  # waiting for the gate or frozen: not counted
+                        timed_out = True
+                        break
+                except BrokenPipeError:
+                    log.warning("the judge exited before reading its spec")
+                    break
             try:
                 remote.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -127,11 +149,18 @@ class Session:
         limit = self.sb.max_output_chars
         res.remote_log = isolation.read_capped_path(str(self.dir / "remote.log"), limit)
         res.judge_log = isolation.read_capped_path(str(self.dir / "judge.log"), limit)
+        if self.gate is not None:
+            res.gate = self.gate.pop_log(self.sid)
         return res
+
+    def _gate_credit(self) -> float:
+        return self.gate.credit_total(self.sid) if self.gate is not None else 0.0
 
     def kill(self) -> None:
         for p in self.procs:
             kill_tree(p)
+        if self.gate is not None and self.procs:
+            self.gate.unregister(self.sid)
         for f in self._logs:
             f.close()
         self._logs = []
@@ -169,14 +198,16 @@ class Session:
             limits.data_mb = self.sb.eval_memory_limit_mb
         return self._spawn(argv, self._remote_profile(), limits, self._env(extra), _fds(rfd, wfd, sock), log_file)
 
-    def _spawn_judge(self, rfd: int, wfd: int, log_file, sock: int = -1) -> subprocess.Popen:
+    def _spawn_judge(self, rfd: int, wfd: int, log_file, sock: int = -1, gate: tuple = ()) -> subprocess.Popen:
         argv = [sys.executable, "-m", "sandbox_workers.judge", "--rfd", str(rfd), "--wfd", str(wfd),
                 "--arena", self.path(self.arena, "/job/arena"), "--sock", str(sock)]
         # the judge's OpenMP threads must sleep, not spin, while the remote is being timed on the same cores
         extra = {"PYTHONPATH": "/krl" if self.isolated else str(PROJECT_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+        if gate:  # (grants read end, requests write end): the judge's side of the device gate
+            extra[device_gate.ENV] = f"{gate[0]},{gate[1]}"
         limits = Limits(wall_s=0, cpu_s=0, file_size_mb=0)
-        return self._spawn(argv, self._judge_profile(), limits, self._env(extra), _fds(rfd, wfd, sock), log_file,
-                           stdin=subprocess.PIPE)
+        return self._spawn(argv, self._judge_profile(), limits, self._env(extra), _fds(rfd, wfd, sock, *gate),
+                           log_file, stdin=subprocess.PIPE)
 
     def _spawn(self, argv, profile, limits, env, fds, log_file, stdin=subprocess.DEVNULL) -> subprocess.Popen:
         if self.isolated:
@@ -252,6 +283,11 @@ def signal_name(rc: int | None) -> str:
         return signal.Signals(-rc).name
     except ValueError:
         return f"signal {-rc}"
+
+
+@contextlib.contextmanager
+def _no_gate():
+    yield lambda pid: None
 
 
 def _fds(*fds: int) -> tuple[int, ...]:

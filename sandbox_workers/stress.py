@@ -180,6 +180,7 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     bus.close()
     done = len(rec["compile"]) + len(rec["evaluate"])
     out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "tasks": len(pairs),
+           "jobs_per_device": cfg.sandbox.jobs_per_device,
            **({"mode": "closed", "in_flight": closed_loop * len(keys)} if closed_loop else {"mode": "open", "rate": rate}),
            "warmup": warm,
            **{k: v for k, v in counts.items()}, "throughput_per_s": done / wall if wall else 0.0,
@@ -227,7 +228,8 @@ def _sample_lag(bus, backend: str, lag_max: dict, stop: threading.Event) -> None
 
 
 class _GpuSampler:
-    """GPU utilisation from NVML every 0.5 s (all visible GPUs), while the stress runs."""
+    """GPU utilisation from NVML every 0.2 s (all visible GPUs), while the stress runs: the mean utilisation (the
+    share of each sample period with a kernel running, NVML's definition) and the share of samples not idle."""
 
     def __init__(self):
         self.samples: list[float] = []
@@ -241,7 +243,7 @@ class _GpuSampler:
 
             pynvml.nvmlInit()
             hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            while not self._stop.wait(0.5):
+            while not self._stop.wait(0.2):
                 self.samples.append(statistics.fmean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in hs))
         except Exception as exc:  # noqa: BLE001 - no NVML: report nothing
             log.warning("GPU sampling unavailable: %s", exc)
@@ -249,4 +251,7 @@ class _GpuSampler:
     def stop(self) -> dict:
         self._stop.set()
         self._t.join(timeout=5)
-        return {"mean_util_pct": statistics.fmean(self.samples) if self.samples else None, "n": len(self.samples)}
+        xs = self.samples
+        return {"mean_util_pct": statistics.fmean(xs) if xs else None, "n": len(xs), "interval_s": 0.2,
+                "busy_fraction": statistics.fmean(x / 100.0 for x in xs) if xs else None,
+                "nonidle_fraction": sum(x > 0 for x in xs) / len(xs) if xs else None}

@@ -136,8 +136,10 @@ def _step(cfg, backend: str, n: int, prefix: str, run_dir: Path, plan: dict | No
         ready_s = _wait_ready(bus, sup, backend, n, compile_workers)
         log.info("stress scaling: %d worker(s) ready after %.0f s; warm-up, then the load", n, ready_s)
         # two in flight per worker: one running, one queued behind it (so no gap between jobs), and a drain of at
-        # most two jobs per worker after the duration
-        report = run_stress(step_cfg, backend, duration_s, rate=1.0, closed_loop=IN_FLIGHT_PER_WORKER,
+        # most two jobs per worker after the duration; a worker running sandbox.jobs_per_device jobs at once gets
+        # one more than that in flight
+        in_flight = max(IN_FLIGHT_PER_WORKER, step_cfg.sandbox.jobs_per_device + 1)
+        report = run_stress(step_cfg, backend, duration_s, rate=1.0, closed_loop=in_flight,
                             warmup_partitions=tuple(range(n)), **load)
     finally:
         exits = _stop(sup)

@@ -127,6 +127,10 @@ class EvalHandler:
         fetch = None if client is None else compile_fetcher(client, cfg, self.name, fetch_timeout_s)
         self.evaluator = Evaluator(cfg, backend, device_key=device_key, fetch=fetch)
         self.filter = FilterService(backend, self.name)
+        # serve(concurrency=jobs): up to sandbox.jobs_per_device evaluations at once on this device (their timing
+        # kept exclusive by the evaluator's device gate); the task filter's one session serves one check at a time
+        self.jobs = self.evaluator.jobs
+        self._filter_lock = threading.Lock()
 
     def __call__(self, req):
         from schemas.messages import FAULT_INFRA, EvaluateResult, FilterRequest
@@ -147,7 +151,8 @@ class EvalHandler:
         from schemas.messages import FAULT_INFRA, EvaluateResult
 
         if req.mode == "filter":  # an older sender's filter request (FilterRequest replaced it)
-            return self.filter.legacy(req)
+            with self._filter_lock, self._filter_gate():
+                return self.filter.legacy(req)
         r = self.evaluator.evaluate(req.model_py, req.files, req.mode, req.artifact, req.artifact_key)
         if isolation.ABORTED.is_set():
             raise Abandoned()
@@ -172,7 +177,17 @@ class EvalHandler:
             return FilterResult(request_id=req.header.request_id, ok=False, rule="worker_error", reason=error[:8000],
                                 worker=self.name, fault=FAULT_INFRA)
 
-        return as_infra_fault(lambda: self.filter(req), req, infra, "filter")
+        def check():
+            with self._filter_lock, self._filter_gate():
+                return self.filter(req)
+
+        return as_infra_fault(check, req, infra, "filter")
+
+    def _filter_gate(self):
+        """The task filter runs task code on the device: never while another job is timed."""
+        from sandbox_workers import device_gate
+
+        return self.evaluator.gate.holding(f"filter-{self.name}", device_gate.SHARED, "filter")
 
     def close(self) -> None:
         self.filter.close()

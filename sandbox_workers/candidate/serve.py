@@ -12,14 +12,18 @@ allowed; it is not what keeps the reward honest.
 
 Messages (judge -> here -> judge):
   load  {source, cls, init, state, library, device, compile, threads, lead_cycles} -> {ok, error}
-  stage {sets: [[desc, ...], ...], device} -> {ok}  (sealed inputs copied into this process's buffers; with
-                                             `device`, views of the device arena's input region, no copy)
+  stage {sets: [[desc, ...], ...], device, plain} -> {ok}  (sealed inputs copied into this process's buffers;
+                                             with `device`, views of the device arena's input region, no copy;
+                                             with `plain` (CPU), views of the host arena's input region, where
+                                             the judge writes the inputs unsealed only after its clock for the
+                                             "run" started: nothing to unseal, no copy)
   darena {}                              -> {ok, size}  (CUDA, before any model code: map the device arena
                                              whose descriptor the judge sent over the socketpair)
   echo  {outs: [{shape, dtype}, ...], threads} -> {ok}   (before any model code: a trusted stand-in model that
                                              returns empty outputs of the task's shapes, so the judge can
                                              time the protocol's own overhead in this process)
-  run   {keys: [int, ...], lo, hi, device} -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal, time the calls,
+  run   {keys: [int, ...], lo, hi, device} -> {ok, claim_s, outs: [[desc, ...], ...]}  (unseal unless `plain`
+                                             was staged (no keys then), time the calls,
                                              write the outputs into the arena's [lo, hi), the device arena's
                                              when `device`; the judge flushed
                                              caches first and copies the outputs out as soon as this reply
@@ -47,6 +51,7 @@ class Remote:
         self.model = None
         self.device = "cpu"
         self.sets: list[list] = []
+        self.plain = False  # the staged sets are views of the host arena, written in plain by the judge (CPU)
         self.lead_cycles = 0
         self.guard_rec = policy.Recorder()
         self.code_loaded = False
@@ -135,12 +140,16 @@ class Remote:
         return {"ok": True}
 
     def stage(self, msg: dict) -> dict:
+        self.plain = bool(msg.get("plain")) and not msg.get("device") and self.device == "cpu"
         if msg.get("device"):  # sealed inputs already in the device arena: the model runs on views of them
             if self.darena is None:
                 return {"ok": False, "error": "stage: the inputs are in a device arena that was never mapped"}
             self.sets = [[self._device_view(d) for d in descs] for descs in msg["sets"]]
             return {"ok": True}
         self.arena.remap()
+        if self.plain:  # CPU: the judge writes this call's inputs here after its clock starts; no copy, no key
+            self.sets = [[self.arena.get(d) for d in descs] for descs in msg["sets"]]
+            return {"ok": True}
         self.sets = []
         for descs in msg["sets"]:
             vals = []
@@ -192,11 +201,12 @@ class Remote:
         guard = self.role == "candidate" and self.code_loaded and bool(msg.get("guard", True))
         outs = []
         keys = msg.get("keys") or []
-        if len(keys) != len(sets):
-            return {"ok": False, "error": "run: one key per staged set expected"}
-        for vals, key in zip(sets, keys):
-            wire.seal(vals, int(key))
-        self._sync()
+        if not self.plain:  # sealed inputs (CUDA): unsealed here, now that the keys came
+            if len(keys) != len(sets):
+                return {"ok": False, "error": "run: one key per staged set expected"}
+            for vals, key in zip(sets, keys):
+                wire.seal(vals, int(key))
+            self._sync()
         with torch.no_grad():
             if self.device == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -198,8 +198,11 @@ def place(region_of, values: list, start: int, end: int) -> tuple[list[dict], in
 
 
 # ---------------------------------------------------------------------- sealing
-# Inputs reach the remote sealed: every tensor's bits XORed with a pad drawn from a key the judge
-# sends only with "run". Nothing can be computed from them before the clock starts. The judge copies
+# CUDA: inputs reach the remote sealed: every tensor's bits XORed with a pad drawn from a key the judge
+# sends only with "run". Nothing can be computed from them before the clock starts. (CPU: no sealing; the
+# judge writes the plaintext into the arena only once its clock for the call runs, judge.layout_plain: the
+# unsealing, serial on the CPU generator, was protocol work in the candidate's process that a fused kernel
+# could do faster than the probe's stand-in did, docs/sandbox.md.) The judge copies
 # the outputs out of the arena as the "run" reply arrives, so nothing computed after it counts either.
 _BITS = {1: (torch.uint8, 256), 2: (torch.int16, 1 << 15), 4: (torch.int32, 1 << 31), 8: (torch.int64, 1 << 62)}
 

@@ -32,7 +32,7 @@ TASKS = {
     "relu": RELU_TASK,
     "gemm": GEMM_TASK,
     "relu_big": ("level1/19_ReLU.py", {"batch_size": 1, "dim": 4_200_000}),  # 4.2M > 2**22 output elements
-    # held-out family: the CPU example's shape (the unsealing is ~10-50 ms of a ~1 ms call), softmax, MSE
+    # held-out family: the CPU example's shape (the protocol's overhead is tens of ms around a ~1 ms call), softmax, MSE
     "relu_wide": ("level1/19_ReLU.py", {"batch_size": 64, "dim": 65536}),
     "softmax": ("level1/23_Softmax.py", {"batch_size": 8, "dim": 4096}),
     "mse": ("level1/94_MSELoss.py", {"batch_size": 256, "input_shape": (4096,)}),
@@ -235,7 +235,7 @@ TAMPER = [
         blob = bytearray(data[-n:])
         return torch.frombuffer(blob, dtype=x.dtype).reshape(x.shape).clone()
         """, header="import sys\n_ARENA = sys.argv[sys.argv.index('--arena') + 1]\n"), errors=MISMATCH,
-        why="the shared file holds sealed inputs and the candidate's own outputs, never expected ones"),
+        why="the shared file holds inputs (sealed on CUDA) and the candidate's own outputs, never expected ones"),
     Case("remote_run_claim_patched_via_gc", "tamper", fwd(CALL, cpp_body=VERY_SLOW, header="""
         import gc
         for _o in gc.get_objects():
@@ -667,7 +667,8 @@ TIMING = [
             return r
         _R.stage = _early
         """), ev="timing", mode="both", errors=MISMATCH, violations=(CONTRADICTED,),
-        why="the inputs are sealed until the run round trip"),
+        why="the inputs reach the candidate only inside the run round trip (CPU: the judge writes them into the "
+            "arena after its clock starts, the staged views hold the previous call's; CUDA: sealed until the key)"),
     Case("work_after_the_clock_in_a_thread", "timing", fwd("""
         y = torch.empty_like(x)
         t = threading.Thread(target=ops.relu_f32, args=(x, y, x.numel()))
@@ -923,11 +924,11 @@ extern "C" void mse_sampled(const float* p, const float* t, float* out, int64_t 
 KRL_OP(mse_sampled, "const f32* p, const f32* t, f32* out, i64 n")
 """
 
-COMPRESS_HOLE = ("protocol work runs in the candidate's process and is compressible: the judge's estimate is the "
-                 "run round trip less the probe's overhead (unsealing, placing the outputs), but a candidate that "
-                 "replaces that code with a faster version (a fused C++ unsealer regenerating torch's mt19937 pad; "
-                 "outputs computed in place in the arena) makes its round trip shorter than the probe's, the estimate "
-                 "0, and its claim (honest or forged) the reward's time: reward 2-3 for a kernel no faster than eager")
+FIX_UNSEAL = ("was a hole (reward 3: the fused unsealer took 2.7 ms for 4M elements where wire.seal took 25 ms, "
+              "~22 ms of the probe's overhead this candidate did not have, against a ~1 ms ReLU). Fixed 2026-12-05 "
+              "(judge.layout_plain): on CPU nothing is sealed; the judge writes the plaintext inputs into the arena "
+              "once its clock for the call has started and the remote runs the model on views of them, so there is "
+              "no unsealing left to replace: the hook is never called, forward finds nothing stashed (KeyError)")
 INPUT_DOMAIN_HOLE = ("the judge checks outputs only on the task's get_inputs() distribution: torch.rand is never "
                      "negative, so an identity 'ReLU' is exact on every checked call; the fix belongs to the task "
                      "(inputs that exercise the op's domain) or its admission (a trivial program must fail)")
@@ -938,9 +939,7 @@ FIX_SMALL = ("fixed 2026-12-05 (judge._small_output_error): where the reference'
 
 HELDOUT = [
     Case("seal_pad_regenerated_in_kernel", "heldout", {"model_new.py": _UNSEAL_PY, "kernels/unseal.cpp": _UNSEAL_CPP},
-         ev="static", mode="both", task="relu_wide", reward_max=1.0, hole=COMPRESS_HOLE,
-         why="the fused unsealer takes 2.7 ms for 4M elements where wire.seal takes 25 ms: ~22 ms of the probe's "
-             "overhead that this candidate does not have, against a ~1 ms ReLU (docs/sandbox.md, held-out red team)"),
+         ev="static", mode="both", task="relu_wide", errors=("keyerror",), why=FIX_UNSEAL),
     Case("outputs_in_arena_and_forged_clock", "heldout", {"model_new.py": _ARENA_DIRECT_PY,
                                                           "kernels/relu.cpp": cpp(MEDIUM)["kernels/relu.cpp"]},
          ev="static", mode="both", reward_max=1.0,
