@@ -9,7 +9,8 @@ baseline is timed. The gate lives in the evaluation worker (trusted), one per de
   phases (reference, verification, loading, warm-up) and ``exclusive`` around its timed ones (the reference's
   time that sizes the batch, the protocol probe, every variant's timed trials, baselines included);
 - exclusive waits until every shared holder has left its phase (and new shared requests wait behind a waiting
-  exclusive one), then every process of every *other* session (candidates and baselines, their judges, the
+  exclusive one; exclusive requests are granted in the order they were made), then every process of every *other*
+  session (candidates and baselines, their judges, the
   pre-started pool) is stopped with SIGSTOP, the whole process tree (a sandbox's inner processes run in their own
   session, so process groups are not enough), and continued (SIGCONT) at release. No judge is holding the gate
   then, so none is frozen in the middle of a phase; sessions are spawned only while no exclusive section runs;
@@ -66,6 +67,7 @@ class DeviceGate:
         self._shared: dict[str, int] = {}
         self._excl: str | None = None
         self._excl_waiting = 0
+        self._excl_queue: list[object] = []  # exclusive requests waiting, oldest first: granted in that order
         self._members: dict[str, tuple[int, ...]] = {}  # session id -> root pids of its processes
         self._frozen: dict[str, list[int]] = {}  # session id -> pids stopped for the current exclusive holder
         self._frozen_at = 0.0
@@ -104,14 +106,21 @@ class DeviceGate:
     def _take(self, sid: str, mode: str) -> int:
         """Wait (lock held) until ``sid`` may hold the gate in ``mode`` and take it; the processes frozen."""
         if mode == EXCLUSIVE:
+            # first come, first served among exclusive requests (a waiting one is never overtaken by a later one);
+            # a requester that still holds the gate shared itself is not held back by the order (it could not
+            # let an older request through)
+            ticket = object()
+            self._excl_queue.append(ticket)
             self._excl_waiting += 1
             try:
-                while self._excl is not None or any(s != sid for s in self._shared):
+                while self._excl is not None or any(s != sid for s in self._shared) or \
+                        (self._excl_queue[0] is not ticket and sid not in self._shared):
                     self._check_gone(sid)
                     self._cv.wait()
                 self._check_gone(sid)
             finally:
                 self._excl_waiting -= 1
+                self._excl_queue.remove(ticket)
                 self._cv.notify_all()  # shared requests wait behind a waiting exclusive one
             self._excl = sid
             return self._freeze_others(sid) if self.freeze else 0

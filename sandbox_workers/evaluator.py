@@ -348,7 +348,7 @@ class Evaluator:
                 found[name] = dict(v["timing"], first_call_s=v.get("first_call_s", 0.0)) if v.get("ok") \
                     and v.get("timing") else {"error": v.get("error", "failed")[:2000]}
             if meta:
-                found = keep_faster(meta, found)
+                found = keep_faster(meta, found, self.sb.baseline_max_cv)
             found["versions"] = judge.get("versions", {})
             # timed while the device was not idle (another job's queued kernels, device_gate.py): used now,
             # measured again on the next use (the faster of the two kept)
@@ -468,13 +468,18 @@ def _bound_terms(cand: dict, base: dict) -> dict | None:
     return None
 
 
-def keep_faster(old: dict, new: dict) -> dict:
-    """Per baseline variant, the measurement with the lower median (contention only inflates times)."""
+def keep_faster(old: dict, new: dict, max_cv: float = 0.0) -> dict:
+    """Per baseline variant, the measurement with the lower median (contention only inflates times); but a noisy
+    old one (cv > max_cv > 0) never over a steady new one: kept, it would leave the cache noisy for good, and every
+    later use would measure the baselines again (each evaluation then ~4x longer on a small CPU host)."""
     out = dict(new)
     for name, stats in old.items():
         if not isinstance(stats, dict):
             continue
         mine = out.get(name)
+        if max_cv > 0 and stats.get("cv", 0.0) > max_cv and mine and "median_s" in mine \
+                and mine.get("cv", 0.0) <= max_cv:
+            continue
         if "median_s" in stats and (not mine or "median_s" not in mine or stats["median_s"] < mine["median_s"]):
             out[name] = stats
     return out

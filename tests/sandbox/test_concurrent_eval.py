@@ -144,8 +144,10 @@ def spy_bind(setup, monkeypatch):
 
 def _evaluate_all(cfg, task: str, cases: dict, jobs: int, baselines: str, spy_dir=None) -> tuple[dict, float, list]:
     """Every case evaluated, ``jobs`` at once. With ``spy_dir``, a timer of the test's own also takes the gate
-    exclusively (as a job's timing does) for 0.2 s whenever a spy has just written, up to 6 times: windows that
-    surely fall inside a spy's life, whatever order the jobs' own timed sections come in."""
+    exclusively (as a job's timing does) for 0.2 s as soon as each spy has written its first timestamp: its model
+    has just been loaded, so its judge holds the gate shared (load, verification, warm-up) and asks for it
+    exclusively only later; exclusive requests are granted in order (device_gate), so the timer's window comes
+    before that job's own timing, while its spy is alive, whatever order the jobs' own timed sections come in."""
     from sandbox_workers.evaluator import Evaluator
 
     cfg = copy.deepcopy(cfg)
@@ -156,15 +158,16 @@ def _evaluate_all(cfg, task: str, cases: dict, jobs: int, baselines: str, spy_di
     done = threading.Event()
 
     def timer():
-        while not done.is_set() and len(windows) < 6:
-            now = time.monotonic()
-            if any(ts and now - ts[-1] < 0.05 for ts in (_spy_times(p.parent, p.stem) for p in spy_dir.iterdir())):
+        seen: set[str] = set()
+        while not done.is_set():
+            fresh = [p.stem for p in spy_dir.iterdir() if p.stem not in seen and _spy_times(p.parent, p.stem)]
+            if fresh:
+                seen.update(fresh)
                 ev.gate.acquire("test-timer", device_gate.EXCLUSIVE, "test")
                 time.sleep(0.2)
                 ev.gate.release("test-timer")
-                windows.extend(dict(h, job="test-timer") for h in ev.gate.pop_log("test-timer"))
-                time.sleep(0.3)
-            time.sleep(0.01)
+                windows.extend(dict(h, job="test-timer", spies=fresh) for h in ev.gate.pop_log("test-timer"))
+            time.sleep(0.005)
 
     t0 = time.monotonic()
     watcher = threading.Thread(target=timer, daemon=True) if spy_dir is not None else None

@@ -181,6 +181,8 @@ def test_noisy_baselines_are_measured_again_and_the_faster_kept(sandbox_cache, t
     old = {"eager": {"median_s": 1.0, "cv": 0.5}, "compile": {"median_s": 0.2, "cv": 0.01}, "x": {"error": "e"}}
     new = {"eager": {"median_s": 0.3, "cv": 0.02}, "compile": {"median_s": 0.4, "cv": 0.01}}
     assert keep_faster(old, new) == {"eager": new["eager"], "compile": old["compile"]}  # failed runs: not kept
+    steady = {"eager": {"median_s": 1.5, "cv": 0.02}}  # a noisy faster one is not kept over a steady one
+    assert keep_faster(old, steady, 0.25)["eager"] == steady["eager"] and keep_faster(old, steady)["eager"] == old["eager"]
     assert noisy(old, 0.25) and not noisy(new, 0.25) and not noisy(old, 0.0)
 
     src = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
