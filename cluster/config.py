@@ -143,8 +143,10 @@ class SandboxConfig:
     baseline_cache_dir: str = ""  # default: <broker.cache_dir>/baselines
     static_guards: bool = True  # tests switch it off to exercise the run-time guards alone
     compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline
-    # A cached baseline whose timing CV exceeds this (a busy machine) is measured again on its next use,
+    # A cached baseline whose timing spread exceeds this (a busy machine) is measured again on its next use,
     # keeping the faster of the two per variant: contention only inflates times. <= 0: never re-measured.
+    # The spread is robust (1.4826 x MAD / median, the CV of a steady distribution): the few spikes of a shared
+    # host leave the medians the reward reads unmoved, and must not make every evaluation time its baselines.
     baseline_max_cv: float = 0.25
     # --- the trusted judge (issue 11) ---
     timed_check_fraction: float = 1.0  # share of timed calls whose outputs the judge checks (secret choice)

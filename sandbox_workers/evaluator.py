@@ -477,8 +477,7 @@ def keep_faster(old: dict, new: dict, max_cv: float = 0.0) -> dict:
         if not isinstance(stats, dict):
             continue
         mine = out.get(name)
-        if max_cv > 0 and stats.get("cv", 0.0) > max_cv and mine and "median_s" in mine \
-                and mine.get("cv", 0.0) <= max_cv:
+        if max_cv > 0 and spread(stats) > max_cv and mine and "median_s" in mine and spread(mine) <= max_cv:
             continue
         if "median_s" in stats and (not mine or "median_s" not in mine or stats["median_s"] < mine["median_s"]):
             out[name] = stats
@@ -486,9 +485,14 @@ def keep_faster(old: dict, new: dict, max_cv: float = 0.0) -> dict:
 
 
 def noisy(baselines: dict, max_cv: float) -> bool:
-    """Any variant timed with a coefficient of variation above max_cv (max_cv <= 0: never)."""
-    return max_cv > 0 and any(s.get("cv", 0.0) > max_cv for s in baselines.values()
+    """Any variant timed with a spread above max_cv (max_cv <= 0: never)."""
+    return max_cv > 0 and any(spread(s) > max_cv for s in baselines.values()
                               if isinstance(s, dict) and "median_s" in s)
+
+
+def spread(stats: dict) -> float:
+    """A timing's robust spread (backends.base.robust_spread); its CV where it has none."""
+    return float(stats.get("spread", stats.get("cv", 0.0)))
 
 
 # How far the candidate session's probe may exceed the reference's overhead (another session's, same protocol and

@@ -11,6 +11,8 @@ evaluation worker can call it the same way). It needs only torch. Rules, in orde
   deterministic   same inputs under different RNG seeds give the same output (no stochastic ops)
   mutates_inputs  the forward leaves its inputs unchanged
   constant        the output is not (within tolerance) one constant
+  identity        no output is (within tolerance) one of the inputs unchanged: a program that returns its input
+                  must fail (KernelBench's 19_ReLU draws torch.rand, never negative, so `return x` passed the oracle)
   input_insensitive  two input sets from different seeds give distinguishable outputs
   runtime_window  eager median runtime inside [min_ms, max_ms]
   compile         torch.compile(model) runs
@@ -23,7 +25,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
 
-RULES = ("load", "eager", "finite", "deterministic", "mutates_inputs", "constant", "input_insensitive",
+RULES = ("load", "eager", "finite", "deterministic", "mutates_inputs", "constant", "identity", "input_insensitive",
          "runtime_window", "compile", "compile_mismatch")
 # Eager runtime windows (ms): CUDA Agent's 1-100 ms on GPU; a few ms on a 2-core CPU.
 DEFAULT_WINDOWS = {"cuda": (1.0, 100.0), "cpu": (0.1, 10.0)}
@@ -215,6 +217,7 @@ def _check(source: str, cfg: FilterConfig, verdict: Verdict) -> None:
     if all(torch.allclose(t, torch.full_like(t, t.float().mean().item()), atol=cfg.atol, rtol=cfg.rtol)
            for t in out_a):
         raise Reject("constant", "the output is a constant within tolerance")
+    _check_not_identity(out_a, inputs_a, cfg)
     out_b = _run(model, inputs_b, 1)
     if _close(out_a, out_b, cfg.atol, cfg.rtol):
         raise Reject("input_insensitive", "outputs for different inputs are indistinguishable within tolerance")
@@ -224,6 +227,19 @@ def _check(source: str, cfg: FilterConfig, verdict: Verdict) -> None:
         raise Reject("runtime_window", f"eager runtime {verdict.eager_ms:.3f} ms outside [{lo}, {hi}] ms")
     if cfg.check_compile:
         _check_compile(model, inputs_a, out_a, cfg, verdict)
+
+
+def _check_not_identity(outputs: list, inputs: list, cfg: FilterConfig) -> None:
+    """Reject a task on which returning an input unchanged is correct: the oracle checks outputs on the task's own
+    input distribution only, so such a task pays a no-op program as a perfect kernel."""
+    import torch
+
+    for j, out in enumerate(outputs):
+        for k, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape == out.shape \
+                    and torch.allclose(out, x.to(out.dtype), atol=cfg.atol, rtol=cfg.rtol):
+                raise Reject("identity", f"output {j} equals input {k} within tolerance: a program returning its "
+                                         "input would pass (the inputs never exercise what the op changes)")
 
 
 def _check_compile(model, inputs, expected, cfg: FilterConfig, verdict: Verdict) -> None:

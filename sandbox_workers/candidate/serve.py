@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import sys
 import time
@@ -207,6 +208,7 @@ class Remote:
             for vals, key in zip(sets, keys):
                 wire.seal(vals, int(key))
             self._sync()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         with torch.no_grad():
             if self.device == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -224,6 +226,8 @@ class Remote:
                 for s in sets:
                     outs.append(self._call(model, s, guard))
                 claim = time.perf_counter() - t0
+        # page faults of this process during the calls: a diagnostic for the judge's warm-up, never trusted
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         if self.guard_rec.found:  # tripped, and the candidate swallowed the exception
             return {"ok": False, "error": "guard: " + self.guard_rec.found[0]["detail"],
                     "violations": self.guard_rec.found}
@@ -231,7 +235,7 @@ class Remote:
         if isinstance(placed, str):
             return {"ok": False, "error": placed}
         self._sync()  # the judge's snapshot (another process) must find the copies done
-        return {"ok": True, "claim_s": claim / max(1, len(sets)), "outs": placed}
+        return {"ok": True, "claim_s": claim / max(1, len(sets)), "outs": placed, "minflt": faults}
 
     def _place(self, outs: list, lo: int, hi: int, device: bool = False):
         """Every call's outputs into the arena's output region (descriptors), or why they cannot go there."""

@@ -931,7 +931,8 @@ FIX_UNSEAL = ("was a hole (reward 3: the fused unsealer took 2.7 ms for 4M eleme
               "no unsealing left to replace: the hook is never called, forward finds nothing stashed (KeyError)")
 INPUT_DOMAIN_HOLE = ("the judge checks outputs only on the task's get_inputs() distribution: torch.rand is never "
                      "negative, so an identity 'ReLU' is exact on every checked call; the fix belongs to the task "
-                     "(inputs that exercise the op's domain) or its admission (a trivial program must fail)")
+                     "(inputs that exercise the op's domain) or its admission: the task filter's rule 'identity' "
+                     "refuses such tasks (tests/tasks/test_filter.py), the oracle alone still pays")
 SAMPLED_HOLE = ("a scalar reduction over i.i.d. inputs is matched within atol 1e-2 by the mean over 1/64 of the "
                 "elements: the elementwise tolerance cannot tell a sampled estimate from the reduction")
 FIX_SMALL = ("fixed 2026-12-05 (judge._small_output_error): where the reference's values are small against atol, the "

@@ -174,6 +174,7 @@ def test_mutable_static_state_in_cpu_kernels_is_refused(sb_cfg):
 
 
 def test_noisy_baselines_are_measured_again_and_the_faster_kept(sandbox_cache, tmp_path):
+    from sandbox_workers.backends.base import summarize
     from sandbox_workers.evaluator import Evaluator, keep_faster, noisy
     from tests.sandbox.conftest import fast_cfg
     from tests.sandbox.helpers import RELU_TASK, shrunk_task
@@ -184,6 +185,11 @@ def test_noisy_baselines_are_measured_again_and_the_faster_kept(sandbox_cache, t
     steady = {"eager": {"median_s": 1.5, "cv": 0.02}}  # a noisy faster one is not kept over a steady one
     assert keep_faster(old, steady, 0.25)["eager"] == steady["eager"] and keep_faster(old, steady)["eager"] == old["eager"]
     assert noisy(old, 0.25) and not noisy(new, 0.25) and not noisy(old, 0.0)
+    # noisy means the bulk is spread, not that a shared host added a few spikes (the reward reads medians)
+    spiky = summarize([1.7e-3 + 1e-6 * (i % 5) for i in range(31)] + [6e-3])
+    bimodal = summarize([1.7e-3, 3.4e-3] * 16)
+    assert spiky["cv"] > 0.25 and spiky["spread"] < 0.01 and bimodal["spread"] > 0.25
+    assert not noisy({"eager": spiky}, 0.25) and noisy({"eager": bimodal}, 0.25)
 
     src = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
     cfg = fast_cfg(sandbox_cache)

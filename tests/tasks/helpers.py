@@ -26,6 +26,8 @@ BROKEN = {
     "deterministic": task("return F.dropout(x, p=0.5, training=True)"),
     "mutates_inputs": task("x.mul_(2.0)\nreturn torch.tanh(x)"),
     "constant": task("return torch.zeros_like(x) + 3.0"),
+    # KernelBench's 19_ReLU: torch.rand is never negative, so `return x` is exact
+    "identity": task("return torch.relu(x)", inputs="[torch.rand(64, 256)]"),
     "input_insensitive": task("return x * 0.0 + self.w", init="self.w = nn.Parameter(torch.randn(256))"),
     "runtime_window": task("time.sleep(0.05)\nreturn torch.tanh(x)", extra="import time\n"),
     "compile": task("return torch.relu(krl_twice(x))", extra=(

@@ -48,3 +48,16 @@ def test_hanging_or_crashing_task_is_killed_and_the_batch_continues():
     out = filter_sources([TOO_FAST, HANG, CRASH, TOO_FAST], cfg, timeout_s=4, start_s=90)
     assert [v.ok for v in out] == [True, False, False, True]
     assert out[1].rule == "timeout" and out[2].rule == "crash"
+
+
+def test_the_tasks_of_the_input_domain_cheats_are_refused_at_admission():
+    """The red team's identity 'ReLU' (reward 3 from the oracle, a strict xfail there) needs a task on which
+    returning the input is exact; the filter refuses every such task, so none reaches training."""
+    from tests.sandbox import redteam_cases as rc
+    from tests.sandbox.helpers import shrunk_task
+
+    names = sorted({c.task for c in rc.CASES if c.hole == rc.INPUT_DOMAIN_HOLE})
+    assert names, "no input-domain case left in the red team"
+    out = filter_sources([shrunk_task(rc.TASKS[n][0], **rc.TASKS[n][1]) for n in names],
+                         FilterConfig(backend="cpu", min_ms=0.0, max_ms=1e4, check_compile=False), workers=1)
+    assert [(v.ok, v.rule) for v in out] == [(False, "identity")] * len(names), [(v.rule, v.reason) for v in out]
