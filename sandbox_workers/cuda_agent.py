@@ -14,6 +14,7 @@ from sandbox_workers.workspace import KERNEL_DIR, WorkspaceError
 log = logging.getLogger(__name__)
 INFRA = Path(__file__).resolve().parents[1] / "skills" / "infra" / "cuda_agent"
 FIXED = ("binding_registry.h", "binding.cpp")
+GENERATED = "krl_bindings_list.h"  # written by sources(): the registration calls binding.cpp makes
 MODULE = "cuda_extension"
 
 
@@ -27,5 +28,11 @@ def sources(files: dict[str, str], backend: str) -> dict[str, str]:
         out[f"{KERNEL_DIR}/{name}"] = (INFRA / name).read_text()
     # every binding file's registration function is called from binding.cpp's module init (generated list)
     regs = [p.split("/")[-1].removesuffix("_binding.cpp") for p in bindings]
-    out[f"{KERNEL_DIR}/krl_bindings_list.h"] = "".join(f"KRL_BINDING_FN({r})\n" for r in regs)
+    out[f"{KERNEL_DIR}/{GENERATED}"] = "".join(f"KRL_BINDING_FN({r})\n" for r in regs)
     return out
+
+
+def ours(path: str) -> bool:
+    """A source of the build that is our infrastructure, not the workspace's (the text rules skip it: it uses the
+    registry's own names, which a workspace may not)."""
+    return path in {f"{KERNEL_DIR}/{name}" for name in (*FIXED, GENERATED)}  # exactly the paths sources() writes

@@ -240,7 +240,8 @@ def check_cpp(files: dict[str, str], backend: str) -> list[guards.Violation]:
     """guards.check_cpp on the sources to build; torch headers and API are the binary policy's call in the
     foreign formats (it reads the built .so: allocation and metadata allowed, compute refused)."""
     p = plan(files, backend)
-    found = guards.check_cpp(p.sources, backend)
+    theirs = {k: v for k, v in p.sources.items() if not (p.fmt == CUDA_AGENT and cuda_agent.ours(k))}
+    found = guards.check_cpp(theirs, backend)
     if p.fmt == KRL:
         return found
     return [v for v in found if v.name != guards.CPP_TORCH

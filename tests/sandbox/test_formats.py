@@ -83,6 +83,11 @@ def test_cuda_agent_workspace_planned_with_our_binding_infrastructure():
     assert plan.sources["kernels/krl_bindings_list.h"] == "KRL_BINDING_FN(relu)\n"
     assert {"kernels/relu.cu", "kernels/relu_binding.cpp"} <= set(plan.sources)
     assert not formats.check_python(carried), formats.check_python(carried)  # `import cuda_extension` is allowed
+    # the text rules read the workspace's sources, not ours (ours use the registry's krl_ names; the H200 run of
+    # 2026-12-05 refused the honest workspace for them), and a workspace file named like ours is still read
+    assert not formats.check_cpp(carried, "cuda"), formats.check_cpp(carried, "cuda")
+    hidden = dict(carried, **{"kernels/x/krl_bindings_list.h": "int krl_register_x;\n"})
+    assert [v.name for v in formats.check_cpp(hidden, "cuda")] == ["sandbox_escape"]
 
 
 @pytest.mark.parametrize("files", [RELU_CUDA_AGENT, {"model_new.py": RELU_KB_CUDA}], ids=["cuda_agent", "kb_cuda"])

@@ -21,6 +21,8 @@ def cuda_ev(sb_cfg):
 
     cfg = copy.deepcopy(sb_cfg)
     cfg.sandbox.eval_timeout_s = 120.0
+    # load_inline's sources include torch/extension.h: g++ alone took over 60 s on the H200 host (2026-12-05)
+    cfg.sandbox.compile_timeout_s = 300.0
     ev = Evaluator(cfg, "cuda")
     yield ev
     ev.close()
