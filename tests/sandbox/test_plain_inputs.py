@@ -17,6 +17,7 @@ import torch
 from sandbox_workers import judge as judge_mod
 from sandbox_workers.candidate import serve, wire
 from sandbox_workers.runner_common import load_task
+from tests.sandbox.redteam_cases import _FRAMES  # the generator-frame walk to serve.py's globals
 
 TASK = """
 import pytest
@@ -151,20 +152,7 @@ import torch.nn as nn
 import krl
 
 ops = krl.ops()
-
-
-def _walker(box):
-    yield box[0].gi_frame.f_back
-
-
-def caller():
-    box = [None]
-    box[0] = _walker(box)
-    return next(box[0]).f_back
-
-
-serve = caller().f_back.f_globals  # Remote.load's module: sandbox_workers.candidate.serve
-Remote = serve["Remote"]
+''' + _FRAMES + '''Remote = serve["Remote"]
 real_stage = Remote.stage
 state = {"t": None, "ys": {}}
 
