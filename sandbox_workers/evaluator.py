@@ -279,7 +279,8 @@ class Evaluator:
         cpu = self.backend == "cpu"
         return claim_contradicted(cand.get("timing") or {}, base.get("eager", {}),
                                   self.sb.timing_claim_slack_cpu if cpu else self.sb.timing_claim_slack,
-                                  self.sb.timing_claim_abs_cpu_s if cpu else self.sb.timing_claim_abs_s)
+                                  self.sb.timing_claim_abs_cpu_s if cpu else self.sb.timing_claim_abs_s,
+                                  cap_probe=cpu)
 
     def _inductor_cache(self) -> Path:
         """torch.compile's cache for the baseline runs (trusted code): writable by the sandbox user, bound
@@ -421,7 +422,7 @@ def gate_evidence(res: dict, holds: list[dict]) -> None:
         ev["timing_noisy"] = True
 
 
-def claim_contradicted(cand: dict, base: dict, slack: float, abs_s: float) -> str:
+def claim_contradicted(cand: dict, base: dict, slack: float, abs_s: float, cap_probe: bool = False) -> str:
     """Why the judge's clock contradicts the candidate's time claims ("" if it doesn't).
 
     The remote can compute only between receiving the keys that unseal its inputs and the judge's
@@ -430,12 +431,16 @@ def claim_contradicted(cand: dict, base: dict, slack: float, abs_s: float) -> st
     the same for every model of the task), measured in the candidate's own session around a model
     that does no work before the candidate's code was loaded; work hidden from the claim (before the
     clock, after it, on another stream) shows up as more of it than that.
+
+    With ``cap_probe`` (CPU) the probe is believed only as far as judged_time believes it: a probe slowed by a
+    burst of load on a shared host allowed a 100x forged claim through here (CI, 2026-12-05), while the judged
+    time, capped, still paid it as the slow kernel it was.
     """
     terms = _bound_terms(cand, base)
     if terms is None:
         return ""
     bc = max(1, cand.get("batch", 1))
-    allowed = terms["overhead"] * (1 + slack) + abs_s
+    allowed = (_believed_overhead(terms) if cap_probe else terms["overhead"]) * (1 + slack) + abs_s
     if terms["gap"] > allowed:
         return (f"the judge timed {terms['run'] * 1e3:.3f} ms for a trial of {bc} calls claimed at "
                 f"{cand.get('median_s', 0) * 1e6:.1f} us each: {terms['gap'] * 1e3:.3f} ms unclaimed, where "
@@ -520,11 +525,14 @@ def judged_time(cand: dict, base: dict, slack: float = 0.0, abs_s: float = 0.0) 
     terms = _bound_terms(cand, base)
     if terms is None:
         return 0.0
-    overhead = terms["overhead"]
-    ref = terms.get("reference_overhead")
-    if ref is not None:
-        overhead = min(overhead, PROBE_OVER_REFERENCE_MAX * ref)
+    overhead = _believed_overhead(terms)
     return max(0.0, (terms["run"] - overhead * (1 + slack) - abs_s) / max(1, cand.get("batch", 1)))
+
+
+def _believed_overhead(terms: dict) -> float:
+    """The protocol overhead of _bound_terms, the probe's never above PROBE_OVER_REFERENCE_MAX x the reference's."""
+    ref = terms.get("reference_overhead")
+    return terms["overhead"] if ref is None else min(terms["overhead"], PROBE_OVER_REFERENCE_MAX * ref)
 
 
 class ReferenceFailure(Exception):

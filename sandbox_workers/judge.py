@@ -375,22 +375,23 @@ class Judge:
         t_first = time.monotonic()
         b = self.batch_size(timing["min_trial_s"], out_bytes)
         n_warm = max(1, int(timing["warmup"]))
+        for _ in range(n_warm):  # guarded, one call each: the guard sees the warm-up too
+            run_trial(1, False)
         if self.device == "cpu":
             # CPU (plain inputs): with nothing copied or unsealed on the remote's side at "stage", the model's first
             # calls page-fault their freshly allocated outputs (4096 minor faults, +4-5 ms, per 16 MiB) and the
             # first unguarded calls fault again after the guarded ones. Faulting timed trials made the baselines
             # noisy, and a noisy cached baseline is timed again on every evaluation (4-5x longer evaluations on a
-            # 2-core host). So: the configured warm-up (guarded), then unguarded trials at the timed batch until
-            # two agree and the remote reports no faults (2 to 12); glibc keeps the freed outputs (session.MALLOC_ENV)
-            guarded = [run_trial(b, False) for _ in range(n_warm)]
-            warm = [run_trial(b, False, guard=False) for _ in range(2)]
-            while len(warm) < 12 and not _settled(warm):
+            # 2-core host). So unguarded trials at the timed batch follow, until two agree and the remote reports
+            # no faults (at most 12, and no more once they took the timing budget: the batch is sized by the
+            # reference, so a candidate 100x slower than it spends ~1 s per trial); glibc keeps the freed outputs
+            # (session.MALLOC_ENV)
+            t_settle = time.monotonic()
+            warm = [run_trial(b, False, guard=False)]
+            while len(warm) < 12 and not _settled(warm) and time.monotonic() - t_settle < timing["budget_s"]:
                 warm.append(run_trial(b, False, guard=False))
-            out["warmup_trials"] = len(guarded) + len(warm)
-            out["warmup_minflt"] = [t["minflt"] for t in guarded + warm]
-        else:
-            for _ in range(n_warm):
-                run_trial(1, False)
+            out["warmup_trials"] = n_warm + len(warm)
+            out["warmup_minflt"] = [t["minflt"] for t in warm]
         out["first_call_s"] = time.monotonic() - t_first
         phases.mark(f"{name}.warmup_s")
         self.gate.acquire(device_gate.EXCLUSIVE, f"{name}.timing", self)  # alone on the device from here

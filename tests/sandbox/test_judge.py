@@ -130,7 +130,7 @@ def test_the_candidates_own_probe_bounds_its_claims_before_the_baseline():
 
 
 def test_a_probe_slowed_by_interference_never_lets_a_forged_clock_stand():
-    from sandbox_workers.evaluator import PROBE_OVER_REFERENCE_MAX, judged_time
+    from sandbox_workers.evaluator import PROBE_OVER_REFERENCE_MAX, claim_contradicted, judged_time
 
     # CI, held-out red team: 8 calls of a ~1 ms kernel claimed at 1/100 of their time; the probe ran beside a burst
     # of load and its least round trip of 8 echo calls took as long as the kernel's (8 ms): the judged time was ~0,
@@ -146,3 +146,8 @@ def test_a_probe_slowed_by_interference_never_lets_a_forged_clock_stand():
     # a probe within the bound is believed as measured (an honest claim stands: the earlier tests)
     calm = dict(forged, trusted=dict(forged["trusted"], probe=dict(probe, run_gap_min_s=0.0003)))
     assert abs(judged_time(calm, base) - (0.0081 - 0.0003) / 8) < 1e-12
+    # the claim bound believes the probe as far on CPU (CI: a slowed probe let a 1/100 claim go unflagged there)
+    assert claim_contradicted(forged, base, 2.0, 0.0, cap_probe=True)
+    assert not claim_contradicted(forged, base, 2.0, 0.0)  # the probe as measured hid 1/100 of the work
+    honest = dict(forged, median_s=1e-3)  # the same round trip, claimed as what it was: ~1 ms a call
+    assert not claim_contradicted(honest, base, 2.0, 0.0, cap_probe=True)
