@@ -211,21 +211,9 @@ class Judge:
         buf = torch.zeros(in_bytes, dtype=torch.uint8)  # zeros, not empty: the alignment gaps reach the remote too
         descs, pos = [], 0
         for s in sets:
-            d, pos = self._put_values(lambda off, n: buf[off:off + n], s, pos, in_bytes)
+            d, pos = wire.put_values(lambda off, n: buf[off:off + n], s, pos, in_bytes)
             descs.append(d)
         return descs, lo, buf[:pos]
-
-    @staticmethod
-    def _put_values(region_of, values: list, pos: int, end: int) -> tuple[list[dict], int]:
-        """`wire.Arena.put` into any uint8 region (tensors copied to the host; plain values inline)."""
-        descs = []
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                d, pos = wire.place(region_of, [v.detach().cpu()], pos, end)
-                descs += d
-            else:
-                descs.append({"t": "value", "v": wire.plain(v)})
-        return descs, pos
 
     def put_device(self, sets: list[list], keys: list[int]) -> list[list]:
         """The input sets copied into the device arena's input region and sealed there, in place."""
@@ -391,7 +379,6 @@ class Judge:
             while len(warm) < 12 and not _settled(warm) and time.monotonic() - t_settle < timing["budget_s"]:
                 warm.append(run_trial(b, False, guard=False))
             out["warmup_trials"] = n_warm + len(warm)
-            out["warmup_minflt"] = [t["minflt"] for t in warm]
         out["first_call_s"] = time.monotonic() - t_first
         phases.mark(f"{name}.warmup_s")
         self.gate.acquire(device_gate.EXCLUSIVE, f"{name}.timing", self)  # alone on the device from here
@@ -409,8 +396,8 @@ class Judge:
         self.gate.release()
         out["checks"] = len(checks)
         out["timing"] = summarize_trials(trials)
-        if "warmup_minflt" in out:
-            out["timing"]["warmup_minflt"] = out.pop("warmup_minflt")
+        if self.device == "cpu":
+            out["timing"]["warmup_minflt"] = [t["minflt"] for t in warm]  # the remote's word (diagnostic only)
         if self.probe and self.probe["batch"] == b:
             out["timing"]["trusted"]["probe"] = self.probe
         return out

@@ -139,15 +139,7 @@ class Arena:
 
     def put(self, values: list, start: int, end: int | None = None) -> tuple[list[dict], int]:
         """Write tensors (any device) and plain values from `start`; descriptors and the next free offset."""
-        end = self.size if end is None else end
-        descs, pos = [], start
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                d, pos = place(self.raw, [v], pos, end)
-                descs += d
-            else:
-                descs.append({"t": "value", "v": plain(v)})
-        return descs, pos
+        return put_values(self.raw, values, start, self.size if end is None else end)
 
     def get(self, desc, lo: int = 0, hi: int | None = None):
         """A descriptor's value; a tensor is a view into the file (copy it before the region is reused)."""
@@ -241,3 +233,16 @@ def plain(v):
     if isinstance(v, (list, tuple)):
         return [plain(x) for x in v]
     raise ProtocolError(f"a value of type {type(v).__name__} cannot be passed to the model")
+
+
+def put_values(region_of, values: list, start: int, end: int) -> tuple[list[dict], int]:
+    """Tensors (any device) and plain values written into the uint8 regions `region_of(offset, nbytes)` gives,
+    from `start`; their descriptors and the next free offset (Arena.put; the judge's private input buffer)."""
+    descs, pos = [], start
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            d, pos = place(region_of, [v], pos, end)
+            descs += d
+        else:
+            descs.append({"t": "value", "v": plain(v)})
+    return descs, pos
