@@ -180,10 +180,13 @@ class SandboxConfig:
     # (kernels a frozen process had queued still run); not idle in time: the job's timing is marked noisy, a
     # cached baseline measured again on its next use. 0 = do not wait.
     gate_idle_wait_s: float = 0.0
+    # jobs_per_device > 1: jobs admitted only while their memory fits (sandbox_workers/device_memory.py; each task's
+    # need is what its judges reported last, an unseen task runs alone). GB: < 0 = on CUDA device_memory_fraction
+    # of the device's memory (NVML), none on CPU; 0 = no budget; > 0 = that many GB (any backend)
+    job_memory_budget_gb: float = -1.0
+    device_memory_fraction: float = 0.9
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
-    max_full_output_elems: int = 1 << 22  # expected outputs kept in full up to this size ...
-    output_sample_elems: int = 1 << 20  # ... else compared at this many random positions (+ NaN/Inf on all)
     # OS sandbox of untrusted code (bubblewrap: own user, mounts, PIDs, no network, seccomp); workers refuse to
     # serve when it cannot run. "none": no OS sandbox, for trusted code only.
     isolation: str = "bwrap"
@@ -493,6 +496,8 @@ def validate(cfg: Config) -> Config:
                           f"({cfg.bus.session_timeout_ms!r}), got {cfg.bus.heartbeat_interval_ms!r}")
     if not 1 <= cfg.sandbox.jobs_per_device <= 64:
         raise ConfigError(f"sandbox.jobs_per_device: must be 1..64, got {cfg.sandbox.jobs_per_device!r}")
+    if not 0 < cfg.sandbox.device_memory_fraction <= 1:
+        raise ConfigError(f"sandbox.device_memory_fraction: must be in (0, 1], got {cfg.sandbox.device_memory_fraction!r}")
     if not 0 <= cfg.sandbox.gate_idle_wait_s <= 10:
         raise ConfigError(f"sandbox.gate_idle_wait_s: must be 0..10 s, got {cfg.sandbox.gate_idle_wait_s!r}")
     if cfg.sandbox.cpu_cores:

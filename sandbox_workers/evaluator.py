@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from sandbox_workers import compiler, cpuset, device_gate, formats, guards, workspace
+from sandbox_workers import compiler, cpuset, device_gate, device_memory, formats, guards, workspace
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
@@ -53,6 +53,9 @@ class Evaluator:
         self.gate = device_gate.for_device(self.device_key, freeze=self.jobs > 1, nvml=cuda,
                                            idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0)
         self._tls = threading.local()  # the gate's records of the job on this thread
+        # several jobs per device: admitted while their memory fits (pre-started sessions' contexts set aside)
+        pool = max(1, self.sb.warm_pool) * self.jobs if cuda else 0
+        self.memory = device_memory.budget_for(self.sb, self.backend, self.jobs, reserved_sessions=pool)
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
@@ -60,11 +63,34 @@ class Evaluator:
         """One job; up to ``sandbox.jobs_per_device`` of them may run at once on threads of one Evaluator."""
         self._tls.gate = []
         try:
-            res = self._evaluate(task_source, files, mode, artifact, artifact_key)
+            res = self._admitted(task_source, files, mode, artifact, artifact_key)
         finally:
             holds, self._tls.gate = self._tls.gate, []
         gate_evidence(res, holds)
         return res
+
+    def _admitted(self, task_source: str, files: dict[str, str], mode: str, artifact: bytes,
+                  artifact_key: str) -> dict:
+        """The job once the device has room for it (device_memory.py); run again alone if it ran out of memory
+        next to other jobs (an infrastructure fault: the estimate was short, not the solution's fault)."""
+        self._tls.held = 0
+        if self.memory is None:
+            return self._evaluate(task_source, files, mode, artifact, artifact_key)
+        key = hashlib.sha256(task_source.encode()).hexdigest()
+        while True:
+            with self.memory.hold(self.memory.need(key)) as rec:
+                self._tls.held = 0
+                res = self._evaluate(task_source, files, mode, artifact, artifact_key)
+            rec["held_bytes"] = self._tls.held
+            res.setdefault("evidence", {})["memory"] = rec
+            oom = res.get("fault") == "infra" and "out of memory" in (res.get("error") or "")
+            if not oom:
+                self.memory.learn(key, self._tls.held)
+                return res
+            self.memory.forget(key)
+            if rec["alone"]:
+                return res
+            log.warning("evaluation ran out of device memory next to other jobs: again, alone")
 
     def _evaluate(self, task_source: str, files: dict[str, str], mode: str, artifact: bytes,
                   artifact_key: str) -> dict:
@@ -261,6 +287,8 @@ class Evaluator:
             t_run = time.monotonic()
             out = sess.run(spec, wall_s=float(spec["deadline_s"]) + 120)
             holds = [dict(r, role=role) for r in getattr(out, "gate", None) or []]
+            if isinstance(out.judge, dict):  # the largest session of the job is what it needs of the device
+                self._tls.held = max(getattr(self._tls, "held", 0), int(out.judge.get("device_bytes") or 0))
             if hasattr(self._tls, "gate"):
                 self._tls.gate.extend(holds)
             if isinstance(out.judge, dict):

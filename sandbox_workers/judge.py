@@ -539,7 +539,26 @@ def compare(outs: list, expected: list, atol: float, rtol: float) -> tuple[bool,
 
 
 def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None = None) -> dict:
-    """The whole job; failures of the task or of this side are infrastructure faults."""
+    """The whole job; failures of the task or of this side are infrastructure faults. Every result carries the
+    memory this session held (`device_bytes`, the worker's admission of jobs to the device: device_memory.py)."""
+    made: list[Judge] = []
+    result = _run(spec, ch, arena, sock, made)
+    result["device_bytes"] = held_bytes(made[0] if made else None, arena)
+    return result
+
+
+def held_bytes(judge: Judge | None, arena: wire.Arena) -> int:
+    """The most memory this session held on its device: CUDA, torch's peak reservation here plus the device
+    arena (the model's process maps it); CPU, this process's peak resident set plus the shared arena file."""
+    if torch.cuda.is_initialized():
+        darena = judge.darena if judge is not None else None
+        return int(torch.cuda.max_memory_reserved()) + (int(darena.size) if darena is not None else 0)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + int(arena.size or 0)
+
+
+def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None, made: list) -> dict:
     from sandbox_workers.runner_common import load_task, versions
 
     phases = Phases()
@@ -548,6 +567,7 @@ def run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | N
     except wire.ProtocolError as exc:
         return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
     judge = Judge(spec, ch, arena, sock)
+    made.append(judge)
     result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
               "clock": judge.runtime.clock_info(), "variants": {}, "phases": phases.done}
     phases.mark("judge_start_s")  # the remote's hello, this side's CUDA context, versions and clocks

@@ -102,6 +102,14 @@ def missing_toolchain(backend: str) -> str:
     return ", ".join(missing)
 
 
+def _head_and_tail(text: str | None, tail: int = 600) -> str:
+    """A fault for the log: its first line and its last `tail` characters (a traceback's exception is at the end)."""
+    text = text or ""
+    if len(text) <= tail + 200:
+        return text
+    return text.splitlines()[0][:200] + " ... " + text[-tail:]
+
+
 def eval_fault(r: dict) -> str:
     """The fault of an evaluator result dict: its own "fault", with infrastructure signs taking precedence."""
     from schemas.messages import FAULT_INFRA, FAULT_NONE, FAULT_POLICY, FAULTS, REFERENCE_FAILED_PREFIX
@@ -158,7 +166,7 @@ class EvalHandler:
             raise Abandoned()
         fault = eval_fault(r)
         if fault == FAULT_INFRA:
-            log.warning("evaluation of %s: infrastructure fault: %s", req.header.request_id, (r["error"] or "")[:300])
+            log.warning("evaluation of %s: infrastructure fault: %s", req.header.request_id, _head_and_tail(r["error"]))
             res = infra(r["error"] or "evaluation failed (infrastructure)")
             res.evidence = {**(r.get("evidence") or {}), "infra": True}
             res.duration_s = r["duration_s"]

@@ -102,16 +102,21 @@ class TorchExtBuilder:
         cflags = host_flags(cfg, plan.cflags) + [f"-DTORCH_EXTENSION_NAME={plan.module}"]
         if pch is not None:
             cflags += ["-include", str(pch / PCH_HEADER), "-Winvalid-pch"]
+        cuda = any(p.endswith(".cu") for p in plan.sources)
+        home = None
+        if cuda:  # a C++ binding may include c10/cuda headers, which include the toolkit's (cpp_extension's CUDA paths)
+            from sandbox_workers.toolchain import cuda_home
+            home = cuda_home()
+            cflags += [f"-isystem{home / 'include'}"] if home is not None else []
         libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
         ldflags = ["-shared", "-fopenmp", *[f"-L{p}" for p in tp["lib"]]]
         lines = ["ninja_required_version = 1.3", f"cflags = {' '.join(shlex.quote(f) for f in cflags)}",
                  "rule cxx", "  command = g++ $cflags -MMD -MF $out.d -c $in -o $out", "  depfile = $out.d"]
-        if any(p.endswith(".cu") for p in plan.sources):
+        if cuda:
             lines += self._cuda_rules(plan, cfg)
             libs += ["-lc10_cuda", "-ltorch_cuda"]
             from sandbox_workers.backends.cuda import _lib_dir, _lib_flag
-            from sandbox_workers.toolchain import cuda_home
-            libdir = _lib_dir(cuda_home())
+            libdir = _lib_dir(home)
             ldflags += [f"-L{libdir}", f"-Wl,-rpath,{libdir}", _lib_flag(libdir, "-lcudart")]
         lines += [f"ldflags = {' '.join(shlex.quote(f) for f in ldflags + libs)}", "rule link",
                   "  command = g++ $in -o $out $ldflags"]
