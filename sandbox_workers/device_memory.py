@@ -4,9 +4,9 @@ With ``sandbox.jobs_per_device`` > 1 a device runs several jobs at once; KernelB
 footprint task-specific (level-1 19_ReLU holds ~25 GB: the judge's inputs, expected outputs and the device arena),
 and four such jobs on an 80 GB H100 ran out of memory (docs/oracle-gpu.md, "Through Kafka"). Each job's need is
 what the trusted judges of its task's last job reported (their own peak device memory and arena: never a number
-from candidate code); a task not seen yet runs alone, and a job that ran out of memory next to others runs again
-alone. Jobs are admitted in arrival order: one that does not fit yet waits, and so do the jobs behind it (a large
-job is never starved by small ones).
+from candidate code; the evaluator keeps it beside the task's baselines); a task not seen yet runs alone, and a
+job that ran out of memory next to others runs again alone. Jobs are admitted in arrival order: one that does not
+fit yet waits, and so do the jobs behind it (a large job is never starved by small ones).
 """
 from __future__ import annotations
 

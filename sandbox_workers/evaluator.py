@@ -76,7 +76,10 @@ class Evaluator:
         self._tls.held = 0
         if self.memory is None:
             return self._evaluate(task_source, files, mode, artifact, artifact_key)
-        key = hashlib.sha256(task_source.encode()).hexdigest()
+        key = self.baseline_key(task_source)
+        saved = self.ref_root / key / "memory.json"  # beside the task's baselines: kept across worker restarts
+        if self.memory.need(key) is None:
+            self.memory.learn(key, int((_read_json(saved) or {}).get("held_bytes") or 0))
         while True:
             with self.memory.hold(self.memory.need(key)) as rec:
                 self._tls.held = 0
@@ -85,9 +88,13 @@ class Evaluator:
             res.setdefault("evidence", {})["memory"] = rec
             oom = res.get("fault") == "infra" and "out of memory" in (res.get("error") or "")
             if not oom:
-                self.memory.learn(key, self._tls.held)
+                if self._tls.held > 0:
+                    self.memory.learn(key, self._tls.held)
+                    saved.parent.mkdir(parents=True, exist_ok=True)
+                    saved.write_text(json.dumps({"held_bytes": self._tls.held}))
                 return res
             self.memory.forget(key)
+            saved.unlink(missing_ok=True)
             if rec["alone"]:
                 return res
             log.warning("evaluation ran out of device memory next to other jobs: again, alone")
