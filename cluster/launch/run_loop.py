@@ -137,9 +137,10 @@ def _plan(cfg: Config, gpus: list | None = None) -> tuple[list[RoleSpec], dict |
     actor_grace = cfg.actor.shutdown_grace_s + 30.0
     for i in range(c.actors):
         env = _gpu_env(placement.actors[i]) if placement is not None and placement.actors else {}
-        specs.append(RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], env=env, grace_s=actor_grace))
+        specs.append(RoleSpec(f"actor-{i}", ["actor", "--id", f"actor-{i}"], env=env, grace_s=actor_grace,
+                              stop_first=True))
     specs += [RoleSpec(f"actor-scripted-{i}", ["--set", "actor.policy=scripted", "actor", "--id", f"actor-scripted-{i}"],
-                       grace_s=actor_grace) for i in range(c.scripted_actors)]
+                       grace_s=actor_grace, stop_first=True) for i in range(c.scripted_actors)]
     learner_grace = 300.0
     launcher = []
     if c.learner_ranks > 1:

@@ -42,6 +42,10 @@ class RoleSpec:
     # "main" roles end the run when they exit 0 (the learner after --max-steps).
     main: bool = False
     grace_s: float = 20.0  # SIGTERM -> SIGKILL delay at stop (the learner finishes its step first)
+    # stopped, and waited for, before the other roles: the actors, so that the workers they call still answer the
+    # episodes they finish in their grace (stopped together, the slow episodes, those still being verified, were
+    # cancelled and the quick failures kept: the last version's pass rate read low)
+    stop_first: bool = False
     # arguments between the interpreter and `-m cluster.cli`: a launcher such as torchrun
     # (["-m", "torch.distributed.run", "--nproc-per-node", "2", ...]), which then runs the CLI once per rank
     launcher: list[str] = dataclasses.field(default_factory=list)
@@ -165,16 +169,30 @@ class Supervisor:
             return None
 
     def stop(self, grace_s: float | None = None) -> None:
-        """SIGTERM every role, wait up to each role's grace (or ``grace_s``), SIGKILL the rest."""
+        """SIGTERM every role (``stop_first`` ones first, waited for), wait up to each role's grace (or
+        ``grace_s``), SIGKILL the rest."""
         self.stopping = True
-        for rp in self.roles.values():
+        first = [rp for rp in self.roles.values() if rp.spec.stop_first]
+        for group in (first, [rp for rp in self.roles.values() if not rp.spec.stop_first]):
+            self._terminate(group, grace_s)
+        for rp in self.roles.values():  # sweep what a role left behind in its process group
+            if rp.proc is not None:
+                try:
+                    os.killpg(rp.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if self.subreaper:
+            self._kill_orphans("a stopped role")
+
+    def _terminate(self, group: list[RoleProc], grace_s: float | None) -> None:
+        for rp in group:
             if rp.alive:  # the role itself, not its group: it stops its own children in order
                 try:
                     os.kill(rp.proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         t0 = time.time()
-        for rp in self.roles.values():
+        for rp in group:
             if rp.proc is None:
                 continue
             grace = rp.spec.grace_s if grace_s is None else grace_s
@@ -188,14 +206,6 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
                 rp.proc.wait()
-        for rp in self.roles.values():  # sweep what a role left behind in its process group
-            if rp.proc is not None:
-                try:
-                    os.killpg(rp.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if self.subreaper:
-            self._kill_orphans("a stopped role")
 
 
 def kernelrl_argv(config_path: str | None = None) -> list[str]:

@@ -6,6 +6,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from cluster import metrics
 from cluster.launch.supervisor import RoleSpec, Supervisor
@@ -121,6 +122,44 @@ def test_stop_kills_and_names_a_role_that_ignores_sigterm(tmp_path):
     assert sup.killed_at_stop == ["stubborn"]
     assert sup.roles["stubborn"].proc.returncode == -signal.SIGKILL
     assert sup.roles["steady"].proc.returncode == -signal.SIGTERM
+
+
+# A role that, on SIGTERM, takes a moment to finish (as an actor finishing its episodes) and records whether the
+# other roles were still running (never told to stop) while it did: the workers must answer its last tool calls.
+DRAINER = r"""
+import os, pathlib, signal, sys, time
+out, others = pathlib.Path(sys.argv[1]), sys.argv[2:]
+def on_term(*_):
+    time.sleep(0.5)
+    out.write_text(" ".join(o for o in others if not pathlib.Path(o).exists()))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+while True:
+    time.sleep(0.05)
+"""
+WORKER = r"""
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path(sys.argv[1]).write_text("stopped"), sys.exit(0)))
+pathlib.Path(sys.argv[1] + ".up").write_text("up")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_actors_stop_first_while_the_workers_they_call_still_run(tmp_path):
+    sup = Supervisor(tmp_path / "logs", [sys.executable, "-c"], base_env={**os.environ, "PYTHONPATH": os.getcwd()})
+    worker_marks = [str(tmp_path / f"worker-{i}") for i in range(2)]
+    for i, mark in enumerate(worker_marks):
+        sup.add(RoleSpec(f"worker-{i}", [WORKER, mark]))
+    out = tmp_path / "drainer.txt"
+    sup.add(RoleSpec("actor-0", [DRAINER, str(out), *worker_marks], stop_first=True))
+    try:
+        assert _wait(lambda: all(os.path.exists(m + ".up") for m in worker_marks))
+    finally:
+        sup.stop()
+    assert out.read_text().split() == worker_marks  # both workers untouched while the actor finished
+    assert all(Path(m).read_text() == "stopped" for m in worker_marks)  # then stopped in turn
+    assert not sup.killed_at_stop
 
 
 # A role that leaves a process in its own session behind (as a vLLM engine core may), then waits.
