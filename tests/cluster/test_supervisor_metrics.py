@@ -134,6 +134,7 @@ def on_term(*_):
     out.write_text(" ".join(o for o in others if not pathlib.Path(o).exists()))
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
+pathlib.Path(str(out) + ".up").write_text("up")
 while True:
     time.sleep(0.05)
 """
@@ -154,7 +155,7 @@ def test_actors_stop_first_while_the_workers_they_call_still_run(tmp_path):
     out = tmp_path / "drainer.txt"
     sup.add(RoleSpec("actor-0", [DRAINER, str(out), *worker_marks], stop_first=True))
     try:
-        assert _wait(lambda: all(os.path.exists(m + ".up") for m in worker_marks))
+        assert _wait(lambda: all(os.path.exists(m + ".up") for m in [*worker_marks, str(out)]))  # handlers set
     finally:
         sup.stop()
     assert out.read_text().split() == worker_marks  # both workers untouched while the actor finished
