@@ -88,8 +88,9 @@ class Evaluator:
             res.setdefault("evidence", {})["memory"] = rec
             oom = res.get("fault") == "infra" and "out of memory" in (res.get("error") or "")
             if not oom:
-                if self._tls.held > 0:
-                    self.memory.learn(key, self._tls.held)
+                before = self.memory.need(key)
+                self.memory.learn(key, self._tls.held)
+                if self.memory.need(key) != before:  # written when it changes, not after every job
                     saved.parent.mkdir(parents=True, exist_ok=True)
                     saved.write_text(json.dumps({"held_bytes": self._tls.held}))
                 return res
@@ -294,12 +295,12 @@ class Evaluator:
             t_run = time.monotonic()
             out = sess.run(spec, wall_s=float(spec["deadline_s"]) + 120)
             holds = [dict(r, role=role) for r in getattr(out, "gate", None) or []]
-            if isinstance(out.judge, dict):  # the largest session of the job is what it needs of the device
-                self._tls.held = max(getattr(self._tls, "held", 0), int(out.judge.get("device_bytes") or 0))
             if hasattr(self._tls, "gate"):
                 self._tls.gate.extend(holds)
             if isinstance(out.judge, dict):
                 out.judge["gate_noisy"] = any(r.get("idle") is False for r in holds)
+                # the largest session of the job is what it needs of the device
+                self._tls.held = max(getattr(self._tls, "held", 0), int(out.judge.get("device_bytes") or 0))
             if isinstance(out.judge, dict):  # the worker's side of the session is part of the job's phases too
                 out.judge["phases"] = {"session_start_s": round(take_s, 6), **(out.judge.get("phases") or {}),
                                        "session_run_s": round(time.monotonic() - t_run, 6)}

@@ -146,7 +146,7 @@ def test_real_jobs_share_the_device_while_they_fit_and_run_one_by_one_when_they_
     assert max(a["t0"], b["t0"]) < min(a["t1"], b["t1"]), mems  # in flight together
     # a budget below one job's need: every job alone, one after the other (a new Evaluator, as after a restart:
     # the need comes from beside the task's baselines)
-    saved = {int(m["held_bytes"] * MARGIN) + CONTEXT_BYTES for m in mems}  # the last of the two wrote it
+    saved = {int(m["held_bytes"] * MARGIN) + CONTEXT_BYTES for m in (m0, *mems)}  # the last change written
     tiny = max(0.001, learned / GB / 2)
     pair, first = _two_at_once(cfg, task, files, budget_gb=tiny)
     assert first["correct"] and all(r["correct"] for r in pair)
