@@ -293,6 +293,11 @@ class LearnerConfig:
     # learner the extra bytes and one version's buckets in memory (an actor too); docs/weights-bench.md
     weight_compression: str = "none"
     grad_clip: float = 1.0
+    # AdamW's second-moment decay (policy and critic). 0.999 remembers the large gradients of early fine-tuning
+    # for ~700 steps, so late steps on a nearly learned batch are small; 0.95 (OpenRLHF's default) learns the
+    # learning test's demonstration much further in the same passes, but with PPO at 2e-3 it once collapsed the
+    # policy in one step (docs/learning.md "PPO that sharpens")
+    adam_beta2: float = 0.999
     ppo_epochs: int = 1
     rft_epochs: int = 1  # optimiser steps per RFT learner step over the same batch (demonstrations are few)
     whiten_advantages: bool = True
@@ -300,7 +305,9 @@ class LearnerConfig:
     # mean reward of the other episodes of its task in the step (leave-one-out); a task with one episode in the
     # step falls back to GAE. reinforce: the reward itself on every token (no baseline, no whitening): with
     # rewards +-1, tokens that most samples share are pushed up while most samples pass, which sharpens the policy
-    # (docs/learning.md). The critic still trains (on GAE returns) either way.
+    # (docs/learning.md). floor: the reward less the failure reward (-1) on every token: failures get no push,
+    # passing episodes are reinforced (docs/learning.md "PPO that sharpens"). PPO steps train the critic (on GAE
+    # returns) under gae and rloo, whose advantages use its values; not under reinforce or floor.
     advantage: str = "gae"
     keep_checkpoints: int = 2
     model_name: str = "policy"  # key of weight announcements; actors filter on it
@@ -325,6 +332,10 @@ class ClusterConfig:
     # Seconds the actors go on sampling after the learner's last step (the final version's episodes, for the
     # learning curve; `kernelrl bench learning`). 0 = the run ends with the learner
     tail_s: float = 0.0
+    # With tail_s > 0 as its deadline: the tail ends as soon as the final version has this many of the policy's
+    # own episodes (not held out, reward determined) on the trajectories topic: every run measures its last
+    # version on the same number of samples (tests/learning). 0 = the tail lasts tail_s
+    tail_episodes: int = 0
     max_steps: int = 2
     duration_s: float = 0.0
     report_path: str = "kernelrl-report.json"
@@ -374,7 +385,7 @@ _CHOICES = {
     "actor.final_eval_mode": {"both", "verify"},
     "learner.dtype": {"fp32", "bf16"},
     "learner.off_policy": {"none", "tis", "mask", "decoupled"},
-    "learner.advantage": {"gae", "rloo", "reinforce"},
+    "learner.advantage": {"gae", "rloo", "reinforce", "floor"},
     "learner.weight_transport": {"kafka", "fs", "nccl"},
     "learner.weight_stream_backend": {"auto", "nccl", "gloo"},
     "learner.weight_layout": {"files", "buckets"},
@@ -463,6 +474,9 @@ def validate(cfg: Config) -> Config:
     _validate_access(cfg)
     if cfg.cluster.eval_workers < 0:
         raise ConfigError(f"cluster.eval_workers: must be >= 0 (0 = one per device), got {cfg.cluster.eval_workers!r}")
+    if cfg.cluster.tail_episodes < 0 or (cfg.cluster.tail_episodes and cfg.cluster.tail_s <= 0):
+        raise ConfigError(f"cluster.tail_episodes: must be >= 0, and > 0 only with cluster.tail_s > 0 as its "
+                          f"deadline; got {cfg.cluster.tail_episodes!r} with tail_s {cfg.cluster.tail_s!r}")
     if cfg.actor.weights_keep < 0:
         raise ConfigError(f"actor.weights_keep: must be >= 0 (0 keeps every version), got {cfg.actor.weights_keep!r}")
     if cfg.learner.weight_stream_gather_s < 0:
@@ -474,6 +488,8 @@ def validate(cfg: Config) -> Config:
                           f"'buckets', got {cfg.learner.weight_layout!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
+    if not 0 < cfg.learner.adam_beta2 < 1:
+        raise ConfigError(f"learner.adam_beta2: must be in (0, 1), got {cfg.learner.adam_beta2!r}")
     if cfg.learner.kl_ref_coef < 0:
         raise ConfigError(f"learner.kl_ref_coef: must be >= 0 (0: no KL penalty), got {cfg.learner.kl_ref_coef!r}")
     if cfg.learner.kl_ref_coef > 0 and cfg.learner.zero_stage == 3:

@@ -127,6 +127,19 @@ class MicroBatch:
         return int(self.attention_mask.sum())
 
 
+def merge_repeats(samples: list[Sample]) -> tuple[list[Sample], dict[str, int]]:
+    """(the samples with identical token sequences and loss masks kept once, episode id -> how many it stands
+    for). A demonstration replayed N times is one sequence: trained once with weight N, RFT's gradient is the
+    same at 1/N of the compute."""
+    first: dict[tuple[bytes, bytes], Sample] = {}
+    counts: dict[str, int] = {}
+    for s in samples:
+        key = (s.token_ids.tobytes(), s.loss_mask.tobytes())
+        keep = first.setdefault(key, s)
+        counts[keep.episode_id] = counts.get(keep.episode_id, 0) + 1
+    return list(first.values()), counts
+
+
 def collate(samples: list[Sample], pad_id: int = 0) -> MicroBatch:
     """Right-padded [B, T] tensors; padding has attention 0 and loss mask 0."""
     T = max(s.num_tokens for s in samples)

@@ -126,7 +126,7 @@ def ds_config(cfg, lr: float) -> dict:
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,  # micro-batches vary per step: step() is the boundary
         "gradient_clipping": lc.grad_clip,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, lc.adam_beta2], "eps": 1e-8,
                                                    "weight_decay": 0.0, "torch_adam": True}},
         "zero_optimization": {"stage": lc.zero_stage},
         "bf16": {"enabled": lc.dtype == "bf16"},

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from schemas.messages import FAIL_REWARD
+
 MODES = ("none", "tis", "mask", "decoupled")
 
 
@@ -144,8 +146,9 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float | None = None) -> torch.Tensor:
-    """Negative log-likelihood of the generated tokens (rejection fine-tuning)."""
-    m = (mask > 0).to(logp.dtype)
+    """Negative log-likelihood of the generated tokens (rejection fine-tuning); a mask value above 1 weights its
+    token (a row standing for repeated demonstrations, learner.data.merge_repeats)."""
+    m = mask.to(logp.dtype)
     denom = float(m.sum().clamp(min=1.0)) if normaliser is None else normaliser
     return -(logp * m).sum() / denom
 
@@ -162,11 +165,16 @@ def whiten(adv: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Te
 def episode_baselines(kind: str, samples) -> dict[str, float]:
     """Per episode id, the baseline its reward is taken against on every generated token (learner.advantage):
     "rloo" the leave-one-out mean, "reinforce" none (0: the reward itself, and nothing recentres it, since the
-    trainer whitens only GAE's advantages), "gae" {} (the critic's GAE for every episode)."""
+    trainer whitens only GAE's advantages), "floor" the failure reward (a failed episode's advantage is 0 and a
+    passing one is pushed up by its margin above failure: REINFORCE with a constant baseline, so the same policy
+    gradient in expectation, but no unlikelihood push on a failure's garbage tail), "gae" {} (the critic's GAE
+    for every episode)."""
     if kind == "rloo":
         return leave_one_out_baselines(samples)
     if kind == "reinforce":
         return {s.episode_id: 0.0 for s in samples}
+    if kind == "floor":
+        return {s.episode_id: FAIL_REWARD for s in samples}
     return {}
 
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from learner import engine as eng
-from learner.data import MicroBatch, Sample, collate, empty_like_batch, pack
+from learner.data import MicroBatch, Sample, collate, empty_like_batch, merge_repeats, pack
 from learner.models import Critic, load_critic, load_policy, token_logprobs
 from learner.objective import (PPOParams, episode_baselines, gae, kl_to_reference, ppo_policy_loss, sft_loss,
                                value_loss)
@@ -119,17 +119,24 @@ class Trainer:
     # ---- steps ---------------------------------------------------------------------------
     def step(self, samples: list[Sample]) -> dict:
         t0 = time.perf_counter()
+        n_samples = len(samples)
+        if self.stage == "rft":
+            samples, counts = merge_repeats(samples)
         mine, pads = self._local_batches(samples)
         batches = [b.to(self.device) for b in mine + pads]
         if self.stage == "rft":
+            for b in batches[:len(mine)]:  # a row stands for its repeats: the loss and its normaliser count them
+                for i, eid in enumerate(b.episode_ids):
+                    b.loss_mask[i] *= counts.get(eid, 1)
             metrics = self._sft(batches)
+            metrics["repeats_merged"] = float(sum(counts.values()) - len(counts))
         elif self.stage == "critic":
             metrics = self._ppo(batches, train_policy=False)
         else:
             self._snapshot_reference()
             metrics = self._ppo(batches, train_policy=True, baselines=episode_baselines(self.cfg.learner.advantage, samples))
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
-        metrics.update(tokens=tokens, trajectories=float(len(samples)), step_s=time.perf_counter() - t0)
+        metrics.update(tokens=tokens, trajectories=float(n_samples), step_s=time.perf_counter() - t0)
         return metrics
 
     def _snapshot_reference(self) -> None:
@@ -163,6 +170,9 @@ class Trainer:
         need_prox = train_policy and self.params.mode != "none"
         prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines, need_ref=train_policy)
                     for mb in batches]
+        # The critic trains where its values make advantages (GAE; RLOO for a task alone in its step; the critic
+        # stage); a PPO step whose advantages come from the rewards alone (reinforce, floor) skips its passes.
+        train_critic = not (train_policy and lc.advantage in ("reinforce", "floor"))
         # whitening is GAE's: a leave-one-out baseline centres already, and reinforce's reward must keep its sign
         if lc.whiten_advantages and train_policy and not baselines:
             self._whiten(prepared, batches)
@@ -192,22 +202,26 @@ class Trainer:
                     acc["is_w_max"] = max(acc["is_w_max"], float(st["is_w_max"]))
                     if epoch == lc.ppo_epochs - 1 and epoch > 0:
                         _add_movement(moved, logp.detach(), prep.get("logp_prox", mb.logp_mu), m, mb.reward)
-                values = self._values(mb)
-                vloss, vst = value_loss(values, prep["old_values"], prep["returns"], m, lc.value_clip, norm)
-                self.critic.backward(vloss, scale_wrt_gas=False)
-                acc["value_loss"] += float(vloss.detach()) / self.world
-                acc["value_err_sum"] += float(vst["value_err"]) * n_tok
-                acc["value_clip_frac_sum"] += float(vst["value_clip_frac"]) * n_tok
+                if train_critic:
+                    values = self._values(mb)
+                    vloss, vst = value_loss(values, prep["old_values"], prep["returns"], m, lc.value_clip, norm)
+                    self.critic.backward(vloss, scale_wrt_gas=False)
+                    acc["value_loss"] += float(vloss.detach()) / self.world
+                    acc["value_err_sum"] += float(vst["value_err"]) * n_tok
+                    acc["value_clip_frac_sum"] += float(vst["value_clip_frac"]) * n_tok
             if train_policy:
                 self.policy.step()
-            self.critic.step()
+            if train_critic:
+                self.critic.step()
         for key in ("policy_loss", "value_loss"):
             acc[key] /= lc.ppo_epochs
         if "kl_ref" in acc:  # reported only where the penalty applies
             acc["kl_ref"] /= lc.ppo_epochs
-        keys = ("entropy", "clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean",
-                "value_err", "value_clip_frac") if train_policy else ("value_err", "value_clip_frac")
+        keys = ("entropy", "clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean") if train_policy else ()
+        keys += ("value_err", "value_clip_frac") if train_critic else ()
         out = self._finish(acc, keys)
+        if not train_critic:
+            out.pop("value_loss", None)  # nothing trained it: no loss to report
         if train_policy:
             out["is_w_max"] = self._max(acc["is_w_max"])
             if lc.ppo_epochs > 1:

@@ -1,6 +1,8 @@
 """The milestone reward (REFERENCE.md section 1): -1 fail, 1 correct, 2 beats eager, 3 beats both by > 5%."""
 from __future__ import annotations
 
+from schemas.messages import FAIL_REWARD
+
 
 def faster(t: float, t0: float, threshold: float) -> bool:
     """b(t, t0): the candidate's time t beats t0 by more than `threshold` (relative)."""
@@ -10,7 +12,7 @@ def faster(t: float, t0: float, threshold: float) -> bool:
 def milestone_reward(compiled: bool, correct: bool, t: float | None, t_eager: float | None,
                      t_compile: float | None, threshold: float = 0.05) -> float:
     if not compiled or not correct:
-        return -1.0
+        return FAIL_REWARD
     if t is None or t_eager is None:
         return 1.0
     beats_eager = faster(t, t_eager, threshold)

@@ -36,6 +36,10 @@ FAULTS = (FAULT_NONE, FAULT_POLICY, FAULT_INFRA)
 REWARD_OK = "ok"
 REWARD_UNDETERMINED = "undetermined"  # an infrastructure fault kept the reward from being measured
 
+# The oracle's reward of a failed episode (not compiled, or wrong): the floor of the milestone reward
+# (REFERENCE.md section 1; sandbox_workers/reward.py), and the baseline of learner.advantage = "floor".
+FAIL_REWARD = -1.0
+
 # evaluators before the fault field said a reference failure only in the error text
 REFERENCE_FAILED_PREFIX = "reference run failed"
 
@@ -365,6 +369,6 @@ LIMITS = {
 __all__ = [
     "Task", "RequestHeader", "CompileRequest", "CompileResult", "EvaluateRequest", "EvaluateResult",
     "FilterRequest", "FilterResult", "TurnInfo", "Trajectory", "WeightAnnouncement", "WeightChunk", "DeadLetter", "TrainStep", "MESSAGE_TYPES",
-    "LIMITS", "new_id", "now_ms", "FAULT_NONE", "FAULT_POLICY", "FAULT_INFRA", "FAULTS", "fault_of", "REWARD_OK",
+    "LIMITS", "new_id", "now_ms", "FAULT_NONE", "FAULT_POLICY", "FAULT_INFRA", "FAULTS", "fault_of", "REWARD_OK", "FAIL_REWARD",
     "REWARD_UNDETERMINED", "REFERENCE_FAILED_PREFIX",
 ]

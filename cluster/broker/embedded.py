@@ -49,7 +49,9 @@ logger.started.level = INFO
 
 # ----------------------------------------------------------------------------- start
 
-def _free_port(host: str, avoid: set[int]) -> int:
+def free_port(host: str, avoid: set[int]) -> int:
+    """A port free on ``host`` now and not in ``avoid``. The probe socket closes before its user binds the
+    port, so the kernel may offer it again to the next probe: callers pass the ports they have handed out."""
     while True:
         with socket.socket() as s:
             s.bind((host, 0))
@@ -76,9 +78,9 @@ def _pick_ports(cfg, previous: dict) -> tuple[int, int]:
         if cfg.broker.port:
             raise SetupError(f"broker.port: {port} on {host} is already in use")
         port = 0
-    port = port or _free_port(host, set())
+    port = port or free_port(host, set())
     if not cport or cport == port or not _port_free(host, cport):
-        cport = _free_port(host, {port})
+        cport = free_port(host, {port})
     return port, cport
 
 

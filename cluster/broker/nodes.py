@@ -60,9 +60,9 @@ def _ports(cfg, st: dict, nodes: int) -> list[tuple[int, int]]:
     taken: set[int] = set()
     out = []
     for _ in range(nodes):
-        port = broker._free_port(cfg.broker.host, taken)
+        port = broker.free_port(cfg.broker.host, taken)
         taken.add(port)
-        cport = broker._free_port(cfg.broker.host, taken)
+        cport = broker.free_port(cfg.broker.host, taken)
         taken.add(cport)
         out.append((port, cport))
     return out

@@ -108,6 +108,10 @@ class Feeder:
         self.stop_event.set()
         self._thread.join(timeout=10)
 
+    def drop_gate(self, topic: str) -> None:
+        """Stop waiting on ``topic``'s backlog (the learner has finished: nothing reads its trajectories now)."""
+        self.gates = [g for g in self.gates if g[1] != topic]
+
     def check(self) -> None:
         """Raise the error that stopped the feeder (the run would otherwise wait for tasks that never come)."""
         if self.error is not None:

@@ -14,6 +14,8 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 from schemas import topics
 from schemas.messages import (REWARD_UNDETERMINED, CompileRequest, CompileResult, DeadLetter, EvaluateRequest,
                               EvaluateResult, Task, TrainStep, Trajectory, WeightAnnouncement)
@@ -105,23 +107,40 @@ def duplicate_work(traj: list, episodes: dict, replies: list) -> dict:
             "tool_calls_answered_twice": sum(1 for c in answers.values() if c > 1)}
 
 
+def sampled_with(traj) -> int | None:
+    """The one policy version that generated every token of ``traj``; None when a swap came mid-episode (the
+    actor keeps in-flight requests across a swap, so such an episode is two policies' and measures neither).
+    Without per-token versions: the version it started with."""
+    v = np.asarray(traj.policy_version)
+    v = v[v >= 0]
+    if v.size == 0:
+        return int(traj.metadata.get("version_start", 0))
+    return int(v[0]) if v.min() == v.max() else None
+
+
 def learning_curve(trajectories: list, steps: list) -> dict:
     """Pass rate (reward > 0) of the policy's own episodes per policy version they were sampled with,
     and which stage made each version: the evidence that the loop learns.
 
     Own episodes are trainable ones (the engine's own tokens) that are not demonstrations; an episode
-    counts for the version it started with. Undetermined rewards are left out. Episodes of held-out tasks
+    counts for the one version that generated all its tokens (``sampled_with``; one cut by a swap counts for
+    none, in ``episodes_across_versions``). Undetermined rewards are left out. Episodes of held-out tasks
     (``metadata.heldout``, never trained on) are counted apart, in ``heldout_by_version``; ``by_step`` is
     each learner step's trained episodes (count, mean reward) and when its record was written."""
     by_version: dict[int, list] = {}  # version -> its own episodes
     heldout: dict[int, list] = {}
+    across = 0  # episodes a weight swap cut in two: counted for no version
     demos = [t for t in trajectories if t.metadata.get("demonstration")]
     for t in trajectories:
         meta = t.metadata
         if meta.get("demonstration") or not meta.get("trainable", True) or t.reward_status == REWARD_UNDETERMINED:
             continue
+        version = sampled_with(t)
+        if version is None:
+            across += 1
+            continue
         into = heldout if meta.get("heldout") else by_version
-        into.setdefault(int(meta.get("version_start", 0)), []).append(t)
+        into.setdefault(version, []).append(t)
     made_by = {}  # version -> the stage of the step that published it
     for st in sorted(steps, key=lambda s: s.step):
         made_by.setdefault(st.policy_version, st.stage)
@@ -143,7 +162,19 @@ def learning_curve(trajectories: list, steps: list) -> dict:
                         "created_ms": st.created_ms})
     return {"by_version": rows(by_version), "heldout_by_version": rows(heldout), "by_step": by_step,
             "demonstrations": len(demos), "demonstrations_passed": sum(1 for t in demos if t.reward > 0),
+            "episodes_across_versions": across,
             "heldout_trained": sum(1 for st in steps for e in st.episode_ids if e in held_ids)}
+
+
+def final_version_episodes(bus) -> tuple[int, int]:
+    """(the last learner step's version, how many of the policy's own episodes it has on the trajectories
+    topic so far), counted as ``learning_curve`` counts them; (-1, 0) before any step."""
+    steps = _records(bus, topics.LEARNER_LOG, TrainStep)
+    if not steps:
+        return -1, 0
+    final = max(r.msg.policy_version for r in steps)
+    rows = learning_curve([r.msg for r in _records(bus, topics.TRAJECTORIES, Trajectory)], [])["by_version"]
+    return final, sum(r["episodes"] for r in rows if r["version"] == final)
 
 
 def pass_rate(rows: list[dict], first: int = 0, last: int = 0) -> tuple[float, int]:

@@ -384,12 +384,30 @@ class _Chaos:
         self.next = time.time() + self.every_s * self.rng.uniform(0.5, 1.5)
 
 
+def _tail_goal(cfg: Config) -> str:
+    n, secs = cfg.cluster.tail_episodes, cfg.cluster.tail_s
+    return f"{n} of its own episodes (at most {secs:.0f} s)" if n else f"{secs:.0f} s more"
+
+
+def _tail_reached(bus, cfg: Config, tail_end: float) -> bool:
+    """cluster.tail_episodes: the final version has that many own episodes on the trajectories topic."""
+    from cluster.launch.report import final_version_episodes
+
+    version, n = final_version_episodes(bus)
+    log.info("tail: version %d has %d of %d own episodes (%.0f s left)", version, n, cfg.cluster.tail_episodes,
+             tail_end - time.time())
+    return n >= cfg.cluster.tail_episodes
+
+
 def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos: _Chaos, broker_watch,
            dash: Dashboard) -> dict:
     """Poll roles until the learner finishes, the duration passes or a signal arrives."""
+    from schemas import topics
+
     started = time.time()
     snaps: dict[str, dict] = {}
     tail_end = 0.0  # cluster.tail_s: the actors go on sampling with the final version after the learner ends
+    next_count = 0.0  # when cluster.tail_episodes is next counted
     while not stop.event.is_set():
         broker_watch.check()  # a dead embedded broker is restarted before anything else is asked of it
         feeder.check()  # a feeder stopped by an error no retry fixes ends the run with its reason
@@ -398,9 +416,14 @@ def _watch(sup: Supervisor, bus, feeder, cfg: Config, stop: _Stop, chaos: _Chaos
             if cfg.cluster.tail_s <= 0:
                 break
             tail_end = time.time() + cfg.cluster.tail_s
-            log.info("learner finished; the actors sample the final version for %.0f s more", cfg.cluster.tail_s)
+            feeder.drop_gate(topics.TRAJECTORIES)  # no learner reads them now: its backlog must not stop the tail
+            log.info("learner finished; the actors sample the final version for %s", _tail_goal(cfg))
         if tail_end and time.time() >= tail_end:
             break
+        if tail_end and cfg.cluster.tail_episodes and time.time() >= next_count:
+            next_count = time.time() + 5.0  # a read of the whole topic: not every second
+            if _tail_reached(bus, cfg, tail_end):
+                break
         if cfg.cluster.duration_s and time.time() - started > cfg.cluster.duration_s:
             stop.reason = f"duration {cfg.cluster.duration_s:.0f}s"
             break

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ import urllib.request
 from pathlib import Path
 
 from cluster.metrics import url_host
+from cluster.broker.embedded import free_port
 from cluster.launch.procs import become_subreaper, children, die_with_parent
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -84,7 +78,10 @@ class Supervisor:
         self.killed_at_stop: list[str] = []  # roles SIGKILLed because they outlived their SIGTERM grace
 
     def add(self, spec: RoleSpec) -> RoleProc:
-        rp = RoleProc(spec=spec, metrics_port=free_port(), log_path=self.log_dir / f"{spec.name}.log")
+        # never a port another role has: two roles given one metrics port (two probes offered the same free
+        # port) left the second unable to start, restarted forever, in a learning run
+        taken = {r.metrics_port for r in self.roles.values()}
+        rp = RoleProc(spec=spec, metrics_port=free_port("127.0.0.1", taken), log_path=self.log_dir / f"{spec.name}.log")
         self.roles[spec.name] = rp
         self._start(rp)
         return rp

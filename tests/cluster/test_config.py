@@ -27,6 +27,11 @@ def test_precedence_file_env_cli(tmp_path):
     ("actor.concurrency", "expected section.field=value"),
     ("actor.weights_keep=-1", "actor.weights_keep: must be >= 0 (0 keeps every version), got -1"),
     ("learner.kl_ref_coef=-0.5", "learner.kl_ref_coef: must be >= 0 (0: no KL penalty), got -0.5"),
+    ("learner.adam_beta2=1.0", "learner.adam_beta2: must be in (0, 1), got 1.0"),
+    ("learner.advantage=ppo", "learner.advantage: 'ppo' is not one of"),
+    ("cluster.tail_episodes=-1", "cluster.tail_episodes: must be >= 0"),
+    # the tail needs a deadline: episodes that never come must not hold the run forever
+    ("cluster.tail_episodes=16", "cluster.tail_episodes: must be >= 0, and > 0 only with cluster.tail_s > 0"),
 ])
 def test_errors_name_field_and_value(override, needle):
     with pytest.raises(ConfigError) as e:

@@ -49,3 +49,32 @@ def test_report_counts_duplicate_work_from_the_topics(make_cfg):
     bus.close()
     assert (rep["tasks_rolled_out_twice"], rep["trajectory_messages_duplicated"], rep["tool_calls_answered_twice"]) \
         == (1, 1, 1), rep
+
+
+def test_the_tail_counts_the_final_versions_own_episodes_on_the_real_topics(make_cfg):
+    """`cluster.tail_episodes` reads the topics: the final version is the last learner step's, and only its own
+    episodes count (not demonstrations, not an older version's, not one a swap cut in two)."""
+    import numpy as np
+
+    from cluster.bus.client import Bus
+    from cluster.launch.report import final_version_episodes
+    from schemas.messages import TrainStep
+
+    cfg = make_cfg()
+    bus = Bus(cfg, client_id="test-tail")
+    assert final_version_episodes(bus) == (-1, 0)  # no step yet
+    prod = bus.producer()
+    trajs = [make_traj(f"v2-{i}", version=2) for i in range(3)] + [make_traj("v1", version=1)]
+    demo, cut = make_traj("demo", version=2), make_traj("cut", version=1)
+    demo.metadata["demonstration"] = True
+    ver = np.asarray(cut.policy_version).copy()
+    ver[np.flatnonzero(ver >= 0)[-1]] = 2  # its last token sampled by version 2
+    cut.policy_version = ver
+    for t in (*trajs, demo, cut):
+        prod.send(topics.TRAJECTORIES, t, key=t.task_id).get(timeout=30)
+    for step, version in ((1, 1), (2, 2)):
+        prod.send(topics.LEARNER_LOG, TrainStep(step=step, policy_version=version, stage="ppo", episode_ids=[]),
+                  key="learner").get(30)
+    prod.close()
+    assert final_version_episodes(bus) == (2, 3)
+    bus.close()

@@ -200,3 +200,38 @@ def test_what_a_killed_role_leaves_behind_is_killed_before_it_restarts(tmp_path)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["engine_alive_after_poll"] is False, got
     assert len(got["orphans_killed"]) == 1 and "time.sleep(600)" in got["orphans_killed"][0]
+
+
+def test_roles_never_share_a_metrics_port_when_the_kernel_offers_one_twice(tmp_path, monkeypatch):
+    """The port probe closes before the child binds it, so the kernel may offer the same port to the next probe;
+    two roles given one port left the second unable to serve metrics, restarted forever (a learning run)."""
+    import socket as real_socket
+
+    from cluster.broker import embedded
+
+    offers = iter([41001, 41001, 41001, 41002])
+
+    class Probe:  # the kernel's answers to bind(port 0), one per probe socket
+        def __init__(self):
+            self.port = next(offers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, addr):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(embedded, "socket", type("S", (), {"socket": Probe, "AF_INET": real_socket.AF_INET}))
+    sup = Supervisor(tmp_path / "logs", [sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        a = sup.add(RoleSpec("learner", []))
+        b = sup.add(RoleSpec("eval-worker-0", []))
+    finally:
+        sup.stop(grace_s=2)
+    assert (a.metrics_port, b.metrics_port) == (41001, 41002)

@@ -100,6 +100,9 @@ def test_each_advantage_kind_picks_its_baseline():
     assert episode_baselines("rloo", samples) == {"a": -1.0, "b": 1.0}
     # reinforce: the reward itself on every token, an all-pass batch still pushes its samples up
     assert episode_baselines("reinforce", samples) == {"a": 0.0, "b": 0.0}
+    # floor: the failure reward, so the failed episode's advantage is 0 and the passing one's 2
+    floor = episode_baselines("floor", samples)
+    assert {k: x.reward - floor[x.episode_id] for x in samples for k in [x.episode_id]} == {"a": 2.0, "b": 0.0}
 
 
 def test_kl_to_reference_is_zero_at_the_reference_and_pulls_back_toward_it():

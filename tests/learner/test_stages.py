@@ -85,3 +85,43 @@ def test_kl_to_the_reference_holds_ppo_near_the_policy_it_started_from(ds_proces
             drift[coef] = sum(float((abs(tr._logp(collate([s]))[0][0].numpy() - s.logprobs) * s.loss_mask).sum())
                               for s in batch)
     assert drift[20.0] < 0.7 * drift[0.0], drift
+
+
+def test_floor_advantage_leaves_failures_alone_and_pushes_passing_episodes_up(ds_process, tiny_model):
+    """learner.advantage = "floor": the baseline is the failure reward, so an all-failed batch moves nothing
+    and a mixed one raises the passing episodes' log-probs; learner.adam_beta2 reaches DeepSpeed's AdamW."""
+    tr = _trainer(tiny_model, stage="ppo", off_policy="decoupled", zero_stage=1, advantage="floor", adam_beta2=0.95)
+    assert tuple(tr.policy.optimizer.param_groups[0]["betas"]) == (0.9, 0.95)
+    batch = _batch()
+    for s in batch:
+        with torch.no_grad():
+            s.logprobs = tr._logp(collate([s]))[0][0].numpy().astype("float32") * s.loss_mask
+
+    def gain(group):
+        with torch.no_grad():
+            return [float(((tr._logp(collate([s]))[0][0].numpy() - s.logprobs) * s.loss_mask).sum()) for s in group]
+
+    failed = [s for s in batch if s.reward < 0]
+    out = tr.step(failed)
+    assert out["policy_loss"] == 0.0 and max(abs(g) for g in gain(batch)) < 1e-4, gain(batch)
+    assert "value_loss" not in out  # the advantages need no critic: the step leaves it untrained
+    for _ in range(3):
+        tr.step(batch)
+    assert min(gain([s for s in batch if s.reward > 0])) > 0.5
+
+
+def test_rft_trains_a_repeated_demonstration_once_with_its_weight(ds_process, tiny_model):
+    """A demonstration replayed three times is one row standing for three: RFT's loss is the mean over all
+    four episodes' tokens, as if each copy were computed, with a third of the copies' compute."""
+    import dataclasses
+
+    tr = _trainer(tiny_model, stage="rft", zero_stage=1)
+    a, b = [s for s in _batch() if s.reward > 0][:2]
+    copies = [dataclasses.replace(a, episode_id=f"a{i}") for i in range(3)] + [b]
+    with torch.no_grad():
+        nll = {s.episode_id: float(-(tr._logp(collate([s]))[0][0] * collate([s]).loss_mask[0]).sum()) for s in (a, b)}
+    n = {s.episode_id: float(s.loss_mask[1:].sum()) for s in (a, b)}
+    want = (3 * nll[a.episode_id] + nll[b.episode_id]) / (3 * n[a.episode_id] + n[b.episode_id])
+    out = tr.step(copies)
+    assert out["repeats_merged"] == 2.0 and out["trajectories"] == 4.0
+    assert out["loss"] == pytest.approx(want, rel=1e-4)

@@ -74,6 +74,21 @@ def test_learning_curve_counts_heldout_apart_and_counts_any_trained():
     assert learning_curve(trajs, bad)["heldout_trained"] == 1  # a held-out episode trained on is seen
 
 
+def test_an_episode_cut_by_a_weight_swap_counts_for_no_version():
+    """The actor keeps in-flight requests across a swap: an episode begun with version 0 and finished by
+    version 1 measures neither (the random model's version 0 must not be credited with version 1's pass)."""
+    import numpy as np
+
+    pure, cut = _traj("a", 0, -1.0), _traj("b", 0, 1.0)
+    ver = np.asarray(cut.policy_version).copy()
+    gen = np.flatnonzero(ver >= 0)
+    ver[gen[len(gen) // 2:]] = 1  # the second half of its tokens sampled after the swap
+    cut.policy_version = ver
+    cur = learning_curve([pure, cut, _traj("c", 1, 1.0)], [])
+    assert [(r["version"], r["episodes"], r["pass_rate"]) for r in cur["by_version"]] == [(0, 1, 0.0), (1, 1, 1.0)]
+    assert cur["episodes_across_versions"] == 1
+
+
 # ---- the learner never trains on a held-out episode ------------------------------------------------------------
 
 @pytest.mark.parametrize("stage", STAGES)
