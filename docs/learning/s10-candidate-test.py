@@ -18,13 +18,13 @@ tried and their outcomes).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from cluster.launch.report import pass_rate
-from tests.conftest import KERNELRL, cfg_env
+from tests.learning.test_learning import assert_ppo_steps_followed_the_actor_and_the_reward
+from tests.learning.test_learning import run_learning as ci_run_learning
 
 TASKS = Path(__file__).parent / "tasks"
 STAGES = "rft:1@3e-3,ppo:12@2e-3"
@@ -49,14 +49,7 @@ LEARN = ["--set", "actor.episode_mode=single_turn", "--set", "actor.final_eval_m
 
 
 def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra: list[str] = ()) -> dict:
-    args = KERNELRL + LEARN + ["--set", f"actor.model_path={tiny_model}", *extra,
-                               "up", "--backend", "cpu", "--policy", "vllm", "--no-dashboard", "--tasks", str(TASKS),
-                               "--stages", stages, "--report", str(report)]
-    proc = subprocess.run(args, env=cfg_env(cfg), capture_output=True, text=True, timeout=1500)
-    assert report.exists(), f"no report; rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    rep = json.loads(report.read_text())
-    assert proc.returncode == 0, (rep.get("error"), proc.stderr[-4000:])
-    return rep
+    return ci_run_learning(cfg, tiny_model, report, stages=stages, extra=extra, learn=LEARN)
 
 
 @pytest.mark.timeout(1600)
@@ -81,32 +74,4 @@ def test_rft_then_ppo_on_the_real_loop_learn_from_the_oracle(cfg, tiny_model, tm
     final = [r for r in rows if r["version"] == len(STEPS)]
     assert final and final[0]["episodes"] >= FINAL_EPISODES, rows
     assert final[0]["pass_rate"] >= 0.8 and final[0]["pass_rate"] >= rft_rate + 0.1, (rft_rate, rows)
-    # the learner's recomputed log-probs of the actor's tokens match the behaviour log-probs: the actor ran
-    # exactly the published weights (a swap that did not take effect, or log-probs off by one token, would
-    # show as a large KL between the two)
-    ppo_steps = [c for c in rep["learner_curve"] if c["stage"] == "ppo"]
-    kl = [c["kl_behaviour"] for c in ppo_steps]
-    assert max(abs(k) for k in kl) < 0.05, kl
-    # each PPO step moved the policy toward the oracle's reward: after the step's updates, the samples that
-    # scored higher became more likely than those that scored lower (a flipped advantage makes this negative
-    # in every step with mixed rewards, docs/learning.md)
-    cov = [c["reward_logp_cov"] for c in ppo_steps]
-    toward, away = [c for c in cov if c > 1e-6], [c for c in cov if c < -1e-6]
-    assert len(toward) >= 2 and len(toward) > 2 * len(away), cov
-
-
-@pytest.mark.timeout(1200)
-def test_episode_mode_follows_the_stage_without_a_restart(cfg, tiny_model, tmp_path):
-    """`actor.episode_mode = by_stage`: the actor samples single-turn episodes while the learner's next step is
-    the warm-up (the recipe's stage 1), and multi-turn ones once it has applied the version the warm-up made,
-    in one `up` run. A staleness bound of 0 makes the PPO step wait for episodes of the newest version (and
-    makes the warm-up's leftover episodes stale: the learner must release them, or the task feeder's gate on
-    the trajectory backlog stays shut and the run deadlocks, as it did before learner/role.py committed them)."""
-    rep = run_learning(cfg, tiny_model, tmp_path / "report.json", stages="warmup:1,ppo:1",
-                       extra=["--set", "actor.episode_mode=by_stage", "--set", "learner.max_staleness=0",
-                              "--set", "cluster.tail_s=0", "--set", "cluster.tail_episodes=0",
-                              "--set", "learner.batch_trajectories=2", "--set", "actor.max_turns=2"])
-    assert [c["stage"] for c in rep["learner_curve"]] == ["warmup", "ppo"], rep["learner_curve"]
-    modes = {r["version"]: r["modes"] for r in rep["learning"]["by_version"]}
-    assert modes.get(0) == ["single_turn"], modes
-    assert modes.get(1) == ["multi_turn"], modes
+    assert_ppo_steps_followed_the_actor_and_the_reward(rep)

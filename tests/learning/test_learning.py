@@ -41,8 +41,11 @@ LEARN = ["--set", "actor.episode_mode=single_turn", "--set", "actor.final_eval_m
          "--set", "sandbox.correctness_trials=2", "--set", "sandbox.timing_budget_s=0.3"]
 
 
-def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra: list[str] = ()) -> dict:
-    args = KERNELRL + LEARN + ["--set", f"actor.model_path={tiny_model}", *extra,
+def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra: list[str] = (),
+                 learn: list[str] = LEARN) -> dict:
+    """`kernelrl up` on the learning task with ``learn`` settings (the candidate schedule of
+    docs/learning/s10-candidate-test.py passes its own); the report, after checking the run ended well."""
+    args = KERNELRL + list(learn) + ["--set", f"actor.model_path={tiny_model}", *extra,
                                "up", "--backend", "cpu", "--policy", "vllm", "--no-dashboard", "--tasks", str(TASKS),
                                "--stages", stages, "--report", str(report)]
     proc = subprocess.run(args, env=cfg_env(cfg), capture_output=True, text=True, timeout=1500)
@@ -50,6 +53,21 @@ def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra
     rep = json.loads(report.read_text())
     assert proc.returncode == 0, (rep.get("error"), proc.stderr[-4000:])
     return rep
+
+
+def assert_ppo_steps_followed_the_actor_and_the_reward(rep: dict) -> None:
+    # the learner's recomputed log-probs of the actor's tokens match the behaviour log-probs: the actor ran
+    # exactly the published weights (a swap that did not take effect, or log-probs off by one token, would
+    # show as a large KL between the two)
+    ppo_steps = [c for c in rep["learner_curve"] if c["stage"] == "ppo"]
+    kl = [c["kl_behaviour"] for c in ppo_steps]
+    assert max(abs(k) for k in kl) < 0.05, kl
+    # each PPO step moved the policy toward the oracle's reward: after the step's updates, the samples that
+    # scored higher became more likely than those that scored lower (a flipped advantage makes this negative
+    # in every step with mixed rewards, docs/learning.md)
+    cov = [c["reward_logp_cov"] for c in ppo_steps]
+    toward, away = [c for c in cov if c > 1e-6], [c for c in cov if c < -1e-6]
+    assert len(toward) >= 2 and len(toward) > 2 * len(away), cov
 
 
 @pytest.mark.timeout(1600)
@@ -73,18 +91,7 @@ def test_rft_then_ppo_on_the_real_loop_learn_from_the_oracle(cfg, tiny_model, tm
     # docs/learning.md)
     ppo_rate, ppo_n = pass_rate([r for r in rows if r["stage"] == "ppo"])
     assert ppo_n >= 12 and ppo_rate >= 0.3, rows
-    # the learner's recomputed log-probs of the actor's tokens match the behaviour log-probs: the actor ran
-    # exactly the published weights (a swap that did not take effect, or log-probs off by one token, would
-    # show as a large KL between the two)
-    ppo_steps = [c for c in rep["learner_curve"] if c["stage"] == "ppo"]
-    kl = [c["kl_behaviour"] for c in ppo_steps]
-    assert max(abs(k) for k in kl) < 0.05, kl
-    # each PPO step moved the policy toward the oracle's reward: after the step's updates, the samples that
-    # scored higher became more likely than those that scored lower (a flipped advantage makes this negative
-    # in every step with mixed rewards, docs/learning.md)
-    cov = [c["reward_logp_cov"] for c in ppo_steps]
-    toward, away = [c for c in cov if c > 1e-6], [c for c in cov if c < -1e-6]
-    assert len(toward) >= 2 and len(toward) > 2 * len(away), cov
+    assert_ppo_steps_followed_the_actor_and_the_reward(rep)
 
 
 @pytest.mark.timeout(1200)
