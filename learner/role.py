@@ -167,6 +167,8 @@ class LearnerRole:
     def train_one(self, samples: list) -> dict:
         lc = self.cfg.learner
         stage = self.stage
+        for s in samples:  # 0: every generated token came from the weights the learner holds now
+            s.flags["lag"] = self.version - s.min_version
         m = self.trainer.step(samples)
         m["stage"] = stage
         self.step += 1

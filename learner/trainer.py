@@ -134,7 +134,9 @@ class Trainer:
             metrics = self._ppo(batches, train_policy=False)
         else:
             self._snapshot_reference()
-            metrics = self._ppo(batches, train_policy=True, baselines=episode_baselines(self.cfg.learner.advantage, samples))
+            fresh = {s.episode_id for s in samples if s.flags.get("lag") == 0}
+            metrics = self._ppo(batches, train_policy=True, fresh=fresh,
+                                baselines=episode_baselines(self.cfg.learner.advantage, samples))
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
         metrics.update(tokens=tokens, trajectories=float(n_samples), step_s=time.perf_counter() - t0)
         return metrics
@@ -165,7 +167,11 @@ class Trainer:
             self.policy.step()
         return self._finish(acc, ("entropy",))
 
-    def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None) -> dict:
+    def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None,
+             fresh: set[str] = frozenset()) -> dict:
+        """``fresh``: the episodes every token of which the learner's current weights sampled; the KL between
+        their behaviour and recomputed log-probs (``kl_fresh``) is float noise unless the actor served other
+        weights than the learner holds or the log-probs are misaligned (stale episodes drift by design)."""
         lc = self.cfg.learner
         need_prox = train_policy and self.params.mode != "none"
         prepared = [self._prepare(mb, need_prox, need_values=True, baselines=baselines, need_ref=train_policy)
@@ -200,6 +206,8 @@ class Trainer:
                     for k in ("clip_frac", "is_w_mean", "is_masked_frac", "kl_behaviour", "ratio_mean"):
                         acc[k + "_sum"] += float(st[k]) * n_tok
                     acc["is_w_max"] = max(acc["is_w_max"], float(st["is_w_max"]))
+                    if epoch == 0 and fresh:
+                        _add_fresh_kl(acc, prox, mb, fresh)
                     if epoch == lc.ppo_epochs - 1 and epoch > 0:
                         _add_movement(moved, logp.detach(), prep.get("logp_prox", mb.logp_mu), m, mb.reward)
                 if train_critic:
@@ -226,6 +234,10 @@ class Trainer:
             out["is_w_max"] = self._max(acc["is_w_max"])
             if lc.ppo_epochs > 1:
                 out["reward_logp_cov"] = _reward_alignment(eng.all_reduce_sum(moved))
+            kl_sum, n_fresh, rows = eng.all_reduce_sum([acc["kl_fresh_sum"], acc["n_fresh"], acc["fresh_rows"]])
+            out["fresh_trajectories"] = rows
+            if n_fresh > 0:
+                out["kl_fresh"] = kl_sum / n_fresh
         return out
 
     def _finish(self, acc: dict, mean_keys: tuple[str, ...]) -> dict:
@@ -279,6 +291,19 @@ def _add_movement(moved: list[float], logp, base, mask, reward) -> None:
     r, g = reward[real].double(), g[real].double()
     for i, v in enumerate((float((r * g).sum()), float(r.sum()), float(g.sum()), float(real.sum()))):
         moved[i] += v
+
+
+def _add_fresh_kl(acc: dict, prox, mb: MicroBatch, fresh: set[str]) -> None:
+    """Accumulate the k3 KL(mu || pi) over the tokens of the micro-batch's fresh rows (see ``_ppo``)."""
+    rows = torch.tensor([eid in fresh for eid in mb.episode_ids] + [False] * (mb.loss_mask.shape[0] - len(mb.episode_ids)),
+                        device=mb.loss_mask.device)
+    if not rows.any():
+        return
+    m = (mb.loss_mask > 0).to(prox.dtype) * rows[:, None].to(prox.dtype)
+    d = prox.detach() - mb.logp_mu
+    acc["kl_fresh_sum"] += float(((torch.exp(d) - 1.0 - d) * m).sum())
+    acc["n_fresh"] += float(m.sum())
+    acc["fresh_rows"] += float(rows.sum())
 
 
 def _reward_alignment(sums: list[float]) -> float:

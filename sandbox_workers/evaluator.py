@@ -333,7 +333,10 @@ class Evaluator:
         variant = {"name": "candidate", "module": "model_new", "cls": "ModelNew",
                    "source": files[workspace.MODEL_NEW], "checked": True,
                    "ext": formats.plan(files, self.backend).module}  # a torch extension's module name, or ""
-        out = self._session("candidate", self._spec(task_source, timing, [variant]), library=lib)
+        spec = self._spec(task_source, timing, [variant])
+        if timing:
+            spec["t_ref"] = self.cached_t_ref(task_source)
+        out = self._session("candidate", spec, library=lib)
         judge = out.judge
         if judge is None:
             why = "the evaluation deadline" if out.timed_out else "the judge's own failure"
@@ -344,7 +347,8 @@ class Evaluator:
             return {"ok": False, "error": _with_log(judge.get("error", ""), out), "violations": []}
         var = judge["variants"].get("candidate") or {}
         res = dict(var, versions=judge.get("versions", {}), clock=judge.get("clock", {}),
-                   phases=judge.get("phases", {}), arena=judge.get("arena", "host"))
+                   phases=judge.get("phases", {}), arena=judge.get("arena", "host"),
+                   t_ref_source=judge.get("t_ref_source", ""))
         if not var.get("ok"):
             res["error"] = _with_log(var.get("error", "failed"), out)
             res["remote_signal"] = out.remote_signal
@@ -357,6 +361,14 @@ class Evaluator:
                "compile_baseline": self.sb.compile_baseline, "py": sys.version.split()[0],
                "device_arena": self.backend == "cuda" and self.sb.cuda_device_arena}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+    def cached_t_ref(self, task_source: str) -> float | None:
+        """The reference's time per call that a judge of this task's cached baselines measured (None: not cached
+        yet). A candidate's judge then skips timing the reference: one exclusive section less per job, and its
+        batch is the baselines' by construction. Only this trusted cache is read; no candidate can write it."""
+        meta = _read_json(self.ref_root / self.baseline_key(task_source) / "baselines.json")
+        t = (meta or {}).get("t_ref")
+        return float(t) if isinstance(t, (int, float)) and t > 0 and not (meta or {}).get("gate_noisy") else None
 
     def baselines(self, task_source: str, use_cache: bool = True) -> dict:
         """Eager (and torch.compile) timings of the task by the judge protocol, cached; re-measured when noisy."""
@@ -387,6 +399,8 @@ class Evaluator:
             if meta:
                 found = keep_faster(meta, found, self.sb.baseline_max_cv)
             found["versions"] = judge.get("versions", {})
+            if isinstance(judge.get("t_ref"), (int, float)):  # candidate sessions size their batch by it
+                found["t_ref"] = judge["t_ref"]
             # timed while the device was not idle (another job's queued kernels, device_gate.py): used now,
             # measured again on the next use (the faster of the two kept)
             found["gate_noisy"] = bool(judge.get("gate_noisy"))
@@ -410,7 +424,8 @@ class Evaluator:
         res["evidence"].update(violation_details=viol, checks=cand.get("checks", 0),
                                versions=cand.get("versions", {}), clock=cand.get("clock", {}),
                                device_key=self.device_key, isolation=getattr(self.sb, "isolation", "none"),
-                               remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"))
+                               remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"),
+                               t_ref_source=cand.get("t_ref_source", ""))
         res["correct"] = bool(cand.get("ok")) and not res["violations"]
         res["error"] = "" if res["correct"] else cand.get("error", "")
         res["fault"] = "none" if res["correct"] else "policy"

@@ -576,10 +576,17 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         judge.gate.acquire(device_gate.SHARED, "reference", judge)
         judge.build_reference(task)
         phases.mark("reference_s")
-        if spec.get("timing"):  # the reference's time sizes the batch, then the probe: timed, so alone
+        cached = spec.get("t_ref")
+        if spec.get("timing") and isinstance(cached, (int, float)) and math.isfinite(cached) and cached > 0:
+            # the reference's time as a judge of this task's baselines measured it (the worker's trusted cache):
+            # nothing to time here, and the candidate's batch is the baselines' by construction
+            judge.t_ref, result["t_ref_source"] = float(cached), "baselines"
+        elif spec.get("timing"):  # the reference's time sizes the batch, then the probe: timed, so alone
             judge.gate.acquire(device_gate.EXCLUSIVE, "time_reference+probe", judge)
             judge.t_ref = judge.time_reference()  # before the remote loads any model (see batch_size)
+            result["t_ref_source"] = "measured"
             phases.mark("time_reference_s")
+        result["t_ref"] = judge.t_ref
     except Exception as exc:  # noqa: BLE001 - the task itself is broken: not the candidate's fault
         return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
     try:
@@ -590,6 +597,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         return {"ok": False, "infra": True, "error": "the device arena failed: " + _err(exc)}
     if spec.get("timing"):
         try:
+            judge.gate.acquire(device_gate.EXCLUSIVE, "probe", judge)  # held already when t_ref was timed here
             judge.probe_overhead(spec["timing"])
             phases.mark("probe_s")
         except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault

@@ -118,7 +118,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     phases: dict[str, list[float]] = {}  # evaluation phase -> seconds, from each reply's evidence
     busy: dict[str, float] = {}
     # baselines_measured: evaluations that timed the task's baselines (no cached ones, or cached ones too noisy)
-    counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}, "baselines_measured": 0}
+    # t_ref_source: where each candidate's reference time came from (measured in its session, or its baselines)
+    counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}, "baselines_measured": 0,
+              "t_ref_source": {}}
     gpu = _GpuSampler() if backend == "cuda" else None
     lag_max = {"compile": 0, "evaluate": 0}
 
@@ -157,6 +159,8 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
                 counts["rewards"][str(reply.reward)] = counts["rewards"].get(str(reply.reward), 0) + 1
                 phases.setdefault("queue_s", []).append(max(0.0, lat - float(reply.duration_s)))
                 counts["baselines_measured"] += (reply.evidence or {}).get("baseline_cached") is False
+                src = str((reply.evidence or {}).get("t_ref_source", "none"))
+                counts["t_ref_source"][src] = counts["t_ref_source"].get(src, 0) + 1
                 for name, sec in flat_phases((reply.evidence or {}).get("phases") or {}).items():
                     phases.setdefault(name, []).append(sec)
         return True

@@ -134,7 +134,7 @@ def stage_segments(by_step: list[dict], curve: list[dict], started_ms: float, en
 def learner_steps(by_step: list[dict], curve: list[dict]) -> list[dict]:
     """Per learner step: stage, the version it made, its trained episodes' mean reward, loss and the like."""
     metrics = {c["step"]: c for c in curve}
-    keys = ("loss", "policy_loss", "value_loss", "entropy", "kl_behaviour", "reward_logp_cov", "step_s")
+    keys = ("loss", "policy_loss", "value_loss", "entropy", "kl_behaviour", "kl_fresh", "reward_logp_cov", "step_s")
     return [{"step": s["step"], "stage": s["stage"], "policy_version": s["policy_version"],
              "episodes": s["episodes"], "mean_reward": s["mean_reward"],
              **{k: metrics.get(s["step"], {}).get(k) for k in keys if k in metrics.get(s["step"], {})}}

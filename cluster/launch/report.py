@@ -124,10 +124,14 @@ def learning_curve(trajectories: list, steps: list) -> dict:
 
     Own episodes are trainable ones (the engine's own tokens) that are not demonstrations; an episode
     counts for the one version that generated all its tokens (``sampled_with``; one cut by a swap counts for
-    none, in ``episodes_across_versions``). Undetermined rewards are left out. Episodes of held-out tasks
+    none, in ``episodes_across_versions``); ``modes_by_version_start``: the episode modes begun under each
+    version (by the version the actor had applied at an episode's start). Undetermined rewards are left out. Episodes of held-out tasks
     (``metadata.heldout``, never trained on) are counted apart, in ``heldout_by_version``; ``by_step`` is
     each learner step's trained episodes (count, mean reward) and when its record was written."""
     by_version: dict[int, list] = {}  # version -> its own episodes
+    # version the actor had applied when an episode began -> the modes begun then: the mode is chosen at the
+    # start (actor.episode_mode by_stage), while a queued request may be sampled by the next version
+    modes_at_start: dict[int, set] = {}
     heldout: dict[int, list] = {}
     across = 0  # episodes a weight swap cut in two: counted for no version
     demos = [t for t in trajectories if t.metadata.get("demonstration")]
@@ -135,6 +139,7 @@ def learning_curve(trajectories: list, steps: list) -> dict:
         meta = t.metadata
         if meta.get("demonstration") or not meta.get("trainable", True) or t.reward_status == REWARD_UNDETERMINED:
             continue
+        modes_at_start.setdefault(int(meta.get("version_start", 0)), set()).add(t.mode)
         version = sampled_with(t)
         if version is None:
             across += 1
@@ -163,6 +168,7 @@ def learning_curve(trajectories: list, steps: list) -> dict:
     return {"by_version": rows(by_version), "heldout_by_version": rows(heldout), "by_step": by_step,
             "demonstrations": len(demos), "demonstrations_passed": sum(1 for t in demos if t.reward > 0),
             "episodes_across_versions": across,
+            "modes_by_version_start": {str(v): sorted(m) for v, m in sorted(modes_at_start.items())},
             "heldout_trained": sum(1 for st in steps for e in st.episode_ids if e in held_ids)}
 
 

@@ -125,3 +125,29 @@ def test_rft_trains_a_repeated_demonstration_once_with_its_weight(ds_process, ti
     out = tr.step(copies)
     assert out["repeats_merged"] == 2.0 and out["trajectories"] == 4.0
     assert out["loss"] == pytest.approx(want, rel=1e-4)
+
+
+def test_kl_fresh_checks_alignment_on_the_episodes_the_current_weights_sampled(ds_process, tiny_model):
+    """`kl_fresh`: the behaviour/learner KL over the episodes every token of which the learner's current weights
+    sampled (flags["lag"] == 0, set by the learner role). Float noise when the log-probs line up; large when they
+    are off by one token; stale episodes (lag > 0) are left out of it, so their by-design drift cannot hide or
+    fake a misalignment."""
+    import numpy as np
+
+    tr = _trainer(tiny_model, stage="ppo", off_policy="decoupled", zero_stage=1, advantage="floor")
+    batch = _batch()
+    for s in batch:
+        with torch.no_grad():
+            s.logprobs = tr._logp(collate([s]))[0][0].numpy().astype("float32") * s.loss_mask
+    stale = batch[0]
+    stale.logprobs = (stale.logprobs - 3.0 * stale.loss_mask).astype("float32")  # drifted far: a stale episode
+    for s in batch:
+        s.flags["lag"] = 1 if s is stale else 0
+    tr.cfg.learner.ppo_epochs = 1
+    out = tr.step(batch)
+    assert out["fresh_trajectories"] == 3 and out["kl_fresh"] < 1e-4, out
+    assert out["kl_behaviour"] > 0.1, out  # the stale episode's drift is in the batch-wide KL
+    for s in batch[1:]:  # off by one token: each position gets its neighbour's log-prob
+        s.logprobs = (np.roll(s.logprobs, 1) * s.loss_mask).astype("float32")
+    out = tr.step(batch)
+    assert out["kl_fresh"] > 0.05, out

@@ -89,6 +89,21 @@ def test_an_episode_cut_by_a_weight_swap_counts_for_no_version():
     assert cur["episodes_across_versions"] == 1
 
 
+def test_modes_are_counted_by_the_version_an_episode_began_with():
+    """`actor.episode_mode = by_stage` picks the mode when an episode begins: a single-turn episode begun under
+    version 0 whose request waited in the engine across the swap is sampled by version 1 (counted for it in
+    ``by_version``), and still counts as begun under version 0 in ``modes_by_version_start``."""
+    queued = make_traj("q", version=1, reward=-1.0, mode="single_turn")
+    queued.metadata = {"version_start": 0, "trainable": True}
+    trajs = [_traj("a", 0, -1.0), queued, make_traj("m", version=1, reward=1.0, mode="multi_turn")]
+    trajs[0].mode = "single_turn"
+    trajs[2].metadata = {"version_start": 1, "trainable": True}
+    cur = learning_curve(trajs, [])
+    assert {r["version"]: r["modes"] for r in cur["by_version"]} == {0: ["single_turn"],
+                                                                    1: ["multi_turn", "single_turn"]}
+    assert cur["modes_by_version_start"] == {"0": ["single_turn"], "1": ["multi_turn"]}
+
+
 # ---- the learner never trains on a held-out episode ------------------------------------------------------------
 
 @pytest.mark.parametrize("stage", STAGES)

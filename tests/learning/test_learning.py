@@ -1,17 +1,18 @@
 """The loop learns from the oracle: `kernelrl up` with the tiny model and a stage schedule (RFT on
-demonstrations, critic, PPO on the policy's own samples) takes the pass rate of the actor's own episodes
-from 0 to about 0.5-0.8, and every PPO step moves the policy toward the oracle's reward.
+demonstrations, then PPO on the policy's own samples) takes the pass rate of the actor's own episodes from 0
+to >= 0.8, PPO raises it beyond what RFT reached, and every PPO step moves the policy toward the oracle's reward.
 
 Everything is real: vLLM (CPU) samples at temperature 1, the compile and evaluation workers score every
 episode over Kafka in their OS sandbox, the DeepSpeed learner trains, publishes each version over Kafka,
 and the actor hot-swaps it. RFT starts from demonstrations (the task's solution replayed by the scripted
 policy and scored by the oracle, tests/learning/tasks/relu.solution/). The curve is read back from the
-trajectories topic (report["learning"]): each own episode counts for the policy version it was sampled with.
+trajectories topic (report["learning"]): each own episode counts for the one policy version that sampled all
+its tokens, and the final version is sampled until it has `cluster.tail_episodes` of them.
 
-A broken loop fails here: a flipped advantage makes `reward_logp_cov` negative; log-probs off by one token,
-or weights the actor never really swapped in, show as a KL between behaviour and learner log-probs, and RFT
-cannot raise the pass rate (docs/learning.md records the breaks tried and their outcomes). Not asserted yet:
-PPO raising the pass rate to >= 0.8 (issue 13).
+A broken loop fails here: a flipped advantage makes `reward_logp_cov` negative and PPO lowers the pass rate;
+log-probs off by one token, or weights the actor never really swapped in, show as a KL between behaviour and
+learner log-probs on the episodes the learner's current weights sampled, or as a pass rate that never leaves
+0 (docs/learning.md records the breaks tried and their outcomes).
 """
 from __future__ import annotations
 
@@ -25,26 +26,37 @@ from cluster.launch.report import pass_rate
 from tests.conftest import KERNELRL, cfg_env
 
 TASKS = Path(__file__).parent / "tasks"
-STAGES = "rft:2@3e-3,critic:1,ppo:6@2e-4"
-STEPS = ["rft"] * 2 + ["critic"] + ["ppo"] * 6
+STAGES = "rft:1@3e-3,ppo:6@2e-3,ppo:6@1e-3"
+STEPS = ["rft"] + ["ppo"] * 12
+FINAL_EPISODES = 24
 
 # Single-turn episodes of the tiny model on one easy task; the oracle verifies only (reward +1 / -1), with
-# its timing protocol trimmed to the minimum, since speed is not what is learned here. gamma = lambda = 1:
-# with the reward on the last token, every token's advantage is r - V(s_t) (an untrained critic's values
-# at lambda 0.95 penalised the early tokens of passing episodes and PPO collapsed, docs/learning.md).
-LEARN = ["--set", "actor.episode_mode=single_turn", "--set", "actor.final_eval_mode=verify",
-         "--set", "actor.max_new_tokens=264", "--set", "actor.concurrency=4", "--set", "actor.max_version_lag=2",
-         "--set", "actor.temperature=1.0", "--set", "learner.batch_trajectories=4", "--set", "learner.rft_epochs=90",
-         "--set", "learner.ppo_epochs=4", "--set", "learner.clip_low=0.1", "--set", "learner.lam=1.0",
-         "--set", "learner.critic_lr=1e-3", "--set", "learner.max_staleness=2",
-         "--set", "sandbox.compile_baseline=false", "--set", "sandbox.trials=5", "--set", "sandbox.warmup=1",
-         "--set", "sandbox.correctness_trials=2", "--set", "sandbox.timing_budget_s=0.3"]
+# its timing protocol trimmed to the minimum, since speed is not what is learned here.
+ORACLE = ["--set", "actor.episode_mode=single_turn", "--set", "actor.final_eval_mode=verify",
+          "--set", "actor.max_new_tokens=264", "--set", "actor.concurrency=4", "--set", "actor.temperature=1.0",
+          "--set", "sandbox.compile_baseline=false", "--set", "sandbox.trials=5", "--set", "sandbox.warmup=1",
+          "--set", "sandbox.correctness_trials=2", "--set", "sandbox.timing_budget_s=0.3"]
+# PPO's advantage is the reward above the failure reward ("floor": failures get no push, passing samples are
+# reinforced), AdamW's beta2 is 0.95 (with 0.999 the RFT policy's pass rate stayed at ~0.5 under PPO), and the
+# lr halves for the last six steps (at 2e-3 throughout, one run in three collapsed at its last step):
+# docs/learning.md "PPO that sharpens" and "The >= 0.8 test". After the last step the actors sample the final
+# version until it has FINAL_EPISODES episodes, so the rate the test asserts rests on that many samples.
+LEARN = ORACLE + [
+    "--set", "actor.max_version_lag=1", "--set", "learner.batch_trajectories=8", "--set", "learner.rft_epochs=80",
+    "--set", "learner.ppo_epochs=8", "--set", "learner.clip_low=0.2", "--set", "learner.lam=1.0",
+    "--set", "learner.advantage=floor", "--set", "learner.adam_beta2=0.95", "--set", "learner.critic_lr=1e-3",
+    "--set", "learner.max_staleness=1", "--set", "cluster.tail_s=300", "--set", f"cluster.tail_episodes={FINAL_EPISODES}"]
+# the episode-mode test's settings (GAE with gamma = lambda = 1 and a small batch: it checks the actor's mode
+# switch, not learning)
+MODE_LEARN = ORACLE + [
+    "--set", "actor.max_version_lag=2", "--set", "learner.batch_trajectories=4", "--set", "learner.rft_epochs=90",
+    "--set", "learner.ppo_epochs=4", "--set", "learner.clip_low=0.1", "--set", "learner.lam=1.0",
+    "--set", "learner.critic_lr=1e-3", "--set", "learner.max_staleness=2"]
 
 
 def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra: list[str] = (),
                  learn: list[str] = LEARN) -> dict:
-    """`kernelrl up` on the learning task with ``learn`` settings (the candidate schedule of
-    docs/learning/s10-candidate-test.py passes its own); the report, after checking the run ended well."""
+    """`kernelrl up` on the learning task with ``learn`` settings; the report, after checking the run ended well."""
     args = KERNELRL + list(learn) + ["--set", f"actor.model_path={tiny_model}", *extra,
                                "up", "--backend", "cpu", "--policy", "vllm", "--no-dashboard", "--tasks", str(TASKS),
                                "--stages", stages, "--report", str(report)]
@@ -56,12 +68,14 @@ def run_learning(cfg, tiny_model: str, report: Path, stages: str = STAGES, extra
 
 
 def assert_ppo_steps_followed_the_actor_and_the_reward(rep: dict) -> None:
-    # the learner's recomputed log-probs of the actor's tokens match the behaviour log-probs: the actor ran
-    # exactly the published weights (a swap that did not take effect, or log-probs off by one token, would
-    # show as a large KL between the two)
+    # the learner's recomputed log-probs of the actor's tokens match the behaviour log-probs on the episodes
+    # that the learner's current weights sampled alone (kl_fresh): the actor ran exactly the published weights
+    # (a swap that did not take effect, or log-probs off by one token, would show as a large KL there). The
+    # batch-wide KL also counts episodes of the previous version (learner.max_staleness), which drift by design.
     ppo_steps = [c for c in rep["learner_curve"] if c["stage"] == "ppo"]
-    kl = [c["kl_behaviour"] for c in ppo_steps]
-    assert max(abs(k) for k in kl) < 0.05, kl
+    fresh = [c["kl_fresh"] for c in ppo_steps if c.get("fresh_trajectories", 0) > 0]
+    assert len(fresh) >= max(1, len(ppo_steps) // 2) and max(abs(k) for k in fresh) < 0.02, \
+        [(c.get("kl_fresh"), c.get("fresh_trajectories"), c["kl_behaviour"]) for c in ppo_steps]
     # each PPO step moved the policy toward the oracle's reward: after the step's updates, the samples that
     # scored higher became more likely than those that scored lower (a flipped advantage makes this negative
     # in every step with mixed rewards, docs/learning.md)
@@ -85,12 +99,13 @@ def test_rft_then_ppo_on_the_real_loop_learn_from_the_oracle(cfg, tiny_model, tm
     initial = [r for r in rows if r["version"] == 0]
     assert initial and initial[0]["pass_rate"] == 0.0, rows
     # RFT on the demonstrations, published and hot-swapped: the actor's own samples now pass
-    rft_rate, rft_n = pass_rate([r for r in rows if r["stage"] in ("rft", "critic")])
-    assert rft_n >= 4 and rft_rate >= 0.25, rows
-    # PPO on the policy's own samples keeps them passing (over more steps it does not yet hold them:
-    # docs/learning.md)
-    ppo_rate, ppo_n = pass_rate([r for r in rows if r["stage"] == "ppo"])
-    assert ppo_n >= 12 and ppo_rate >= 0.3, rows
+    rft_rate, rft_n = pass_rate([r for r in rows if r["stage"] == "rft"])
+    assert rft_n >= 8 and rft_rate >= 0.1, rows
+    # PPO on the policy's own samples raised it: the final version passes >= 0.8 of FINAL_EPISODES or more
+    # episodes, and beats what RFT's version reached
+    final = [r for r in rows if r["version"] == len(STEPS)]
+    assert final and final[0]["episodes"] >= FINAL_EPISODES, rows
+    assert final[0]["pass_rate"] >= 0.8 and final[0]["pass_rate"] >= rft_rate + 0.1, (rft_rate, rows)
     assert_ppo_steps_followed_the_actor_and_the_reward(rep)
 
 
@@ -101,10 +116,12 @@ def test_episode_mode_follows_the_stage_without_a_restart(cfg, tiny_model, tmp_p
     in one `up` run. A staleness bound of 0 makes the PPO step wait for episodes of the newest version (and
     makes the warm-up's leftover episodes stale: the learner must release them, or the task feeder's gate on
     the trajectory backlog stays shut and the run deadlocks, as it did before learner/role.py committed them)."""
-    rep = run_learning(cfg, tiny_model, tmp_path / "report.json", stages="warmup:1,ppo:1",
+    rep = run_learning(cfg, tiny_model, tmp_path / "report.json", stages="warmup:1,ppo:1", learn=MODE_LEARN,
                        extra=["--set", "actor.episode_mode=by_stage", "--set", "learner.max_staleness=0",
                               "--set", "learner.batch_trajectories=2", "--set", "actor.max_turns=2"])
     assert [c["stage"] for c in rep["learner_curve"]] == ["warmup", "ppo"], rep["learner_curve"]
-    modes = {r["version"]: r["modes"] for r in rep["learning"]["by_version"]}
-    assert modes.get(0) == ["single_turn"], modes
-    assert modes.get(1) == ["multi_turn"], modes
+    # by the version the actor had applied when each episode began (an episode begun under version 0 whose one
+    # request waited in the engine's queue across the swap is sampled by version 1, single-turn as begun)
+    modes = rep["learning"]["modes_by_version_start"]
+    assert modes.get("0") == ["single_turn"], modes
+    assert modes.get("1") == ["multi_turn"], modes

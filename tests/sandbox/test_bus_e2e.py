@@ -112,6 +112,9 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     # where each evaluation's time went, from the workers' own results (evidence.phases) through the bus
     phases = report["evaluate_phases"]
     assert report["evaluate"]["n"] >= 1 and report["evaluations_per_min"] > 0, report
+    # every evaluation says where its reference time came from (its own session, or the task's cached baselines)
+    srcs = report["t_ref_source"]
+    assert sum(srcs.values()) == report["evaluate"]["n"] and set(srcs) <= {"measured", "baselines"}, srcs
     for name in ("queue_s", "artifact_s", "candidate_s", "candidate.judge_start_s", "candidate.candidate.verify_s"):
         assert phases[name]["n"] >= 1 and phases[name]["p99_s"] >= phases[name]["p50_s"] >= 0, (name, phases)
     for role, p in procs.items():
