@@ -185,6 +185,10 @@ class SandboxConfig:
     # of the device's memory (NVML), none on CPU; 0 = no budget; > 0 = that many GB (any backend)
     job_memory_budget_gb: float = -1.0
     device_memory_fraction: float = 0.9
+    # a candidate's judge sizes its batch by the reference time its task's cached baselines measured, and skips
+    # timing the reference (one exclusive section less per job); false: every job times it again (for measuring
+    # what the cached time saves, docs/oracle-gpu.md)
+    reference_time_from_baselines: bool = True
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     # OS sandbox of untrusted code (bubblewrap: own user, mounts, PIDs, no network, seccomp); workers refuse to

@@ -334,7 +334,7 @@ class Evaluator:
                    "source": files[workspace.MODEL_NEW], "checked": True,
                    "ext": formats.plan(files, self.backend).module}  # a torch extension's module name, or ""
         spec = self._spec(task_source, timing, [variant])
-        if timing:
+        if timing and self.sb.reference_time_from_baselines:
             spec["t_ref"] = self.cached_t_ref(task_source)
         out = self._session("candidate", spec, library=lib)
         judge = out.judge

@@ -25,6 +25,19 @@ def fast_cfg(cache_dir: str, cfg=None):
     return cfg
 
 
+def isolated_cfg(cache_dir: str):
+    """``fast_cfg`` judging in bubblewrap where this host allows it (CI does); elsewhere without isolation, for
+    tests of the timing and the device gate rather than of the sandbox."""
+    from sandbox_workers import ossandbox
+
+    cfg = fast_cfg(cache_dir)
+    try:
+        ossandbox.mode("bwrap")
+    except ossandbox.IsolationUnavailable:
+        cfg.sandbox.isolation = "none"
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def sandbox_cache(tmp_path_factory) -> str:
     # KRL_TEST_SANDBOX_CACHE keeps baselines and inductor's cache between sessions (keys include versions).

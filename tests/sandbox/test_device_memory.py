@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sandbox_workers.device_memory import CONTEXT_BYTES, GB, MARGIN, MemoryBudget, budget_for
-from tests.sandbox.conftest import fast_cfg
+from tests.sandbox.conftest import fast_cfg, isolated_cfg
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 from tests.sandbox.redteam_cases import CALL, fwd
 
@@ -125,13 +125,7 @@ def _two_at_once(cfg, task: str, files: dict, budget_gb: float) -> tuple[list[di
 
 
 def test_real_jobs_share_the_device_while_they_fit_and_run_one_by_one_when_they_do_not(tmp_path):
-    from sandbox_workers import ossandbox
-
-    cfg = fast_cfg(str(tmp_path / "cache"))
-    try:
-        ossandbox.mode("bwrap")
-    except ossandbox.IsolationUnavailable:
-        cfg.sandbox.isolation = "none"
+    cfg = isolated_cfg(str(tmp_path / "cache"))
     task = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
     files = fwd(CALL)
     # room for both: the first job (unseen task) alone, its judges' report learned, then the two together

@@ -7,19 +7,13 @@ import json
 
 from sandbox_workers import device_gate
 from sandbox_workers.evaluator import Evaluator
-from tests.sandbox.conftest import fast_cfg
+from tests.sandbox.conftest import isolated_cfg
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 from tests.sandbox.redteam_cases import CALL, ZEROS, fwd
 
 
 def _cfg(tmp_path):
-    from sandbox_workers import ossandbox
-
-    cfg = fast_cfg(str(tmp_path / "cache"))
-    try:
-        ossandbox.mode("bwrap")
-    except ossandbox.IsolationUnavailable:
-        cfg.sandbox.isolation = "none"
+    cfg = isolated_cfg(str(tmp_path / "cache"))
     cfg.sandbox.jobs_per_device = 2  # the device gate records every hold
     return cfg
 
@@ -47,3 +41,20 @@ def test_the_second_job_of_a_task_takes_the_reference_time_from_its_baselines(tm
     assert "time_reference+probe" in [h["phase"] for h in first["evidence"]["gate"]]
     # the cached time changes nothing about what is caught
     assert not cheat["correct"] and cheat["reward"] == -1.0 and cheat["evidence"]["t_ref_source"] == "baselines"
+
+
+def test_with_the_switch_off_every_job_times_the_reference_again(tmp_path):
+    """`sandbox.reference_time_from_baselines = false` (for measuring what the cached time saves): a task's
+    second job, its baselines cached, still measures the reference in its own session."""
+    cfg = _cfg(tmp_path)
+    cfg.sandbox.reference_time_from_baselines = False
+    task = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
+    ev = Evaluator(cfg, "cpu")
+    try:
+        ev.evaluate(task, fwd(CALL), "both")
+        second = ev.evaluate(task, fwd(CALL), "both")
+    finally:
+        ev.close()
+    assert second["correct"] and second["evidence"]["baseline_cached"], second["error"]
+    assert second["evidence"]["t_ref_source"] == "measured"
+    assert "time_reference+probe" in [h["phase"] for h in second["evidence"]["gate"] if h["role"] == "candidate"]
