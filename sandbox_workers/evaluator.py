@@ -365,7 +365,8 @@ class Evaluator:
     def cached_t_ref(self, task_source: str) -> float | None:
         """The reference's time per call that a judge of this task's cached baselines measured (None: not cached
         yet). A candidate's judge then skips timing the reference: one exclusive section less per job, and its
-        batch is the baselines' by construction. Only this trusted cache is read; no candidate can write it."""
+        batch is that of the judge that last measured the baselines (an older, faster timing that ``keep_faster``
+        kept may have used another batch). Only this trusted cache is read; no candidate can write it."""
         meta = _read_json(self.ref_root / self.baseline_key(task_source) / "baselines.json")
         t = (meta or {}).get("t_ref")
         return float(t) if isinstance(t, (int, float)) and t > 0 and not (meta or {}).get("gate_noisy") else None

@@ -579,7 +579,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         cached = spec.get("t_ref")
         if spec.get("timing") and isinstance(cached, (int, float)) and math.isfinite(cached) and cached > 0:
             # the reference's time as a judge of this task's baselines measured it (the worker's trusted cache):
-            # nothing to time here, and the candidate's batch is the baselines' by construction
+            # nothing to time here, and the candidate times in the batch of the judge that last measured the baselines
             judge.t_ref, result["t_ref_source"] = float(cached), "baselines"
         elif spec.get("timing"):  # the reference's time sizes the batch, then the probe: timed, so alone
             judge.gate.acquire(device_gate.EXCLUSIVE, "time_reference+probe", judge)
