@@ -32,6 +32,9 @@ class Sample:
     offset: int = -1
     flags: dict = field(default_factory=dict)
     task_id: str = ""  # the leave-one-out baseline (learner.advantage = "rloo") groups samples by task
+    # uint8 [T]: 1 on the spans the trajectory's turns record as generated (None: it records no turns). A second
+    # account of what the engine wrote, kept apart from loss_mask so the learner can check the one it trains on
+    generated: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +76,19 @@ def from_trajectory(traj, partition: int = -1, offset: int = -1, vocab_size: int
     return Sample(episode_id=traj.episode_id, token_ids=np.asarray(traj.token_ids, dtype=np.int64),
                   logprobs=np.array(traj.logprobs, dtype=np.float32), loss_mask=mask,
                   reward=float(traj.reward), min_version=int(gen_versions.min()), partition=partition,
-                  offset=offset, flags=flags, task_id=str(traj.task_id or ""))
+                  offset=offset, flags=flags, task_id=str(traj.task_id or ""), generated=generated_spans(traj))
+
+
+def generated_spans(traj) -> np.ndarray | None:
+    """1 where a turn of ``traj`` says its engine generated the token, 0 elsewhere (None: no turns recorded)."""
+    if not traj.turns:
+        return None
+    n = traj.num_tokens
+    out = np.zeros(n, np.uint8)
+    for t in traj.turns:
+        out[max(int(t.gen_start), 0):min(int(t.gen_end), n)] = 1
+    out[0] = 0  # never a target (see from_trajectory)
+    return out
 
 
 def stage_rejects(sample: Sample, stage: str) -> str:
@@ -117,10 +132,12 @@ class MicroBatch:
     logp_mu: torch.Tensor  # [B, T] behaviour log-probs of token t
     reward: torch.Tensor  # [B]
     episode_ids: list[str]
+    generated: torch.Tensor | None = None  # [B, T] int8: Sample.generated, -1 on rows without it
 
     def to(self, device) -> "MicroBatch":
+        gen = None if self.generated is None else self.generated.to(device)
         return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
-                          self.logp_mu.to(device), self.reward.to(device), self.episode_ids)
+                          self.logp_mu.to(device), self.reward.to(device), self.episode_ids, gen)
 
     @property
     def tokens(self) -> int:
@@ -148,14 +165,30 @@ def collate(samples: list[Sample], pad_id: int = 0) -> MicroBatch:
     att = torch.zeros((B, T), dtype=torch.long)
     lm = torch.zeros((B, T), dtype=torch.float32)
     lp = torch.zeros((B, T), dtype=torch.float32)
+    gen = torch.zeros((B, T), dtype=torch.int8)
     for i, s in enumerate(samples):
         n = s.num_tokens
         ids[i, :n] = torch.from_numpy(s.token_ids)
         att[i, :n] = 1
         lm[i, :n] = torch.from_numpy(s.loss_mask.astype(np.float32))
         lp[i, :n] = torch.from_numpy(s.logprobs)
+        if s.generated is None:
+            gen[i] = -1
+        else:
+            gen[i, :n] = torch.from_numpy(s.generated.astype(np.int8))
     reward = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    return MicroBatch(ids, att, lm, lp, reward, [s.episode_id for s in samples])
+    return MicroBatch(ids, att, lm, lp, reward, [s.episode_id for s in samples], gen)
+
+
+def loss_mask_mismatch(mb: MicroBatch) -> int:
+    """Positions where the loss mask the learner trains on disagrees with the turns' record of what the engine
+    generated (a target that is prompt or tool output, or a generated token left out), over the rows that carry
+    that record. 0 unless the mask was misbuilt or misaligned between the trajectory and the loss: a mask one
+    token late changes the pass rate too little for a learning curve to show (docs/learning.md)."""
+    if mb.generated is None:
+        return 0
+    known = mb.generated >= 0
+    return int((((mb.loss_mask > 0) != (mb.generated > 0)) & known).sum())
 
 
 def empty_like_batch(pad_id: int = 0) -> MicroBatch:

@@ -16,7 +16,8 @@ from collections import defaultdict
 import torch
 
 from learner import engine as eng
-from learner.data import MicroBatch, Sample, collate, empty_like_batch, merge_repeats, pack
+from learner.data import (MicroBatch, Sample, collate, empty_like_batch, loss_mask_mismatch, merge_repeats,
+                          pack)
 from learner.models import Critic, load_critic, load_policy, token_logprobs
 from learner.objective import (PPOParams, episode_baselines, gae, kl_to_reference, ppo_policy_loss, sft_loss,
                                value_loss)
@@ -123,6 +124,10 @@ class Trainer:
         if self.stage == "rft":
             samples, counts = merge_repeats(samples)
         mine, pads = self._local_batches(samples)
+        mismatch = eng.all_reduce_sum([float(sum(loss_mask_mismatch(b) for b in mine))])[0]
+        if mismatch:
+            log.warning("%d loss-mask position(s) disagree with the turns' generated spans (a learner bug: the "
+                        "loss is not on the tokens the actor generated)", int(mismatch))
         batches = [b.to(self.device) for b in mine + pads]
         if self.stage == "rft":
             for b in batches[:len(mine)]:  # a row stands for its repeats: the loss and its normaliser count them
@@ -138,7 +143,8 @@ class Trainer:
             metrics = self._ppo(batches, train_policy=True, fresh=fresh,
                                 baselines=episode_baselines(self.cfg.learner.advantage, samples))
         tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
-        metrics.update(tokens=tokens, trajectories=float(n_samples), step_s=time.perf_counter() - t0)
+        metrics.update(tokens=tokens, trajectories=float(n_samples), step_s=time.perf_counter() - t0,
+                       loss_mask_mismatch=mismatch)
         return metrics
 
     def _snapshot_reference(self) -> None:

@@ -22,7 +22,9 @@ def make_traj(eid: str, n: int = 48, prompt: int = 12, version: int = 0, reward:
         mask[obs[0]:obs[1]] = 0
     lp = np.where(mask > 0, rng.normal(-6.5, 0.3, n), 0).astype(np.float32)
     ver = np.where(mask > 0, version, -1).astype(np.int32)
-    turns = [TurnInfo(start=0, gen_start=prompt, gen_end=n, malformed_tool_call=malformed, repeated_action=repeated)]
+    spans = [(0, prompt, obs[0]), (obs[0], obs[1], n)] if obs else [(0, prompt, n)]  # (start, gen_start, gen_end)
+    turns = [TurnInfo(start=a, gen_start=g, gen_end=e, malformed_tool_call=malformed, repeated_action=repeated)
+             for a, g, e in spans]
     return Trajectory(episode_id=eid, task_id=f"task-{eid}", actor_id="test", token_ids=ids, logprobs=lp,
                       loss_mask=mask, policy_version=ver, prompt_len=prompt, turns=turns, reward=reward,
                       mode=mode)

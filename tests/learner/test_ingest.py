@@ -1,6 +1,8 @@
 """Ingestion logic: duplicates, staleness bound, stage filters, exactly-once positions, token packing."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from learner.data import collate, from_trajectory, pack
@@ -95,3 +97,23 @@ def test_observation_tokens_are_masked_in_samples():
     assert s.loss_mask[20:30].sum() == 0 and s.loss_mask[5:20].all() and s.loss_mask[30:].all()
     assert s.loss_mask[0] == 0
     assert np.all(s.logprobs[20:30] == 0)
+
+
+def test_the_loss_mask_is_checked_against_the_turns_generated_spans():
+    """`loss_mask_mismatch` (a learner metric each step; the learning test asserts 0): the mask trained on must
+    cover exactly the spans the actor's turns record as generated. A mask one token late, which a learning curve
+    does not show (docs/learning.md), counts at each span's two ends and at position 0."""
+    from actors.trajectory import TrajectoryBuilder
+    from learner.data import loss_mask_mismatch
+
+    b = TrajectoryBuilder("m", "task", "actor")
+    b.add_prompt(list(range(10, 17)))
+    b.add_generation(list(range(20, 29)), [-0.5] * 9, [3] * 9)
+    b.add_observation(list(range(30, 35)))
+    b.add_generation(list(range(40, 46)), [-0.5] * 6, [3] * 6)
+    good = from_trajectory(b.build(1.0, {}, "done"))
+    assert loss_mask_mismatch(collate([good, from_trajectory(make_traj("o", n=40, prompt=5, obs=(20, 30)))])) == 0
+    late = dataclasses.replace(good, episode_id="late", loss_mask=np.roll(good.loss_mask, 1))
+    assert loss_mask_mismatch(collate([good, late])) == 4
+    unrecorded = dataclasses.replace(late, generated=None)  # no turns recorded: nothing to check it against
+    assert loss_mask_mismatch(collate([good, unrecorded])) == 0

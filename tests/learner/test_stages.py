@@ -146,6 +146,7 @@ def test_kl_fresh_checks_alignment_on_the_episodes_the_current_weights_sampled(d
     tr.cfg.learner.ppo_epochs = 1
     out = tr.step(batch)
     assert out["fresh_trajectories"] == 3 and out["kl_fresh"] < 1e-4, out
+    assert out["loss_mask_mismatch"] == 0, out  # the mask trained on is the turns' generated spans
     assert out["kl_behaviour"] > 0.1, out  # the stale episode's drift is in the batch-wide KL
     for s in batch[1:]:  # off by one token: each position gets its neighbour's log-prob
         s.logprobs = (np.roll(s.logprobs, 1) * s.loss_mask).astype("float32")

@@ -12,7 +12,8 @@ its tokens, and the final version is sampled until it has `cluster.tail_episodes
 A broken loop fails here: a flipped advantage makes `reward_logp_cov` negative and PPO lowers the pass rate;
 log-probs off by one token, or weights the actor never really swapped in, show as a KL between behaviour and
 learner log-probs on the episodes the learner's current weights sampled, or as a pass rate that never leaves
-0 (docs/learning.md records the breaks tried and their outcomes).
+0; a loss mask one token late, as positions where the mask disagrees with the turns' generated spans
+(docs/learning.md records the breaks tried and their outcomes).
 """
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def assert_ppo_steps_followed_the_actor_and_the_reward(rep: dict) -> None:
     # (a swap that did not take effect, or log-probs off by one token, would show as a large KL there). The
     # batch-wide KL also counts episodes of the previous version (learner.max_staleness), which drift by design.
     ppo_steps = [c for c in rep["learner_curve"] if c["stage"] == "ppo"]
+    # every step trained on exactly the tokens the actor generated: its loss mask agreed with the turns'
+    # generated spans at every position (a mask one token late still reached 24/28 here, docs/learning.md)
+    assert all(c["loss_mask_mismatch"] == 0 for c in rep["learner_curve"]), \
+        [c.get("loss_mask_mismatch") for c in rep["learner_curve"]]
     fresh = [c["kl_fresh"] for c in ppo_steps if c.get("fresh_trajectories", 0) > 0]
     assert len(fresh) >= max(1, len(ppo_steps) // 2) and max(abs(k) for k in fresh) < 0.02, \
         [(c.get("kl_fresh"), c.get("fresh_trajectories"), c["kl_behaviour"]) for c in ppo_steps]
