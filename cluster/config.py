@@ -157,6 +157,12 @@ class SandboxConfig:
     # larger of the claim and the judge's own estimate (a forged claim gains nothing), and only "all"
     # rejects, with the *_cpu tolerances (docs/sandbox.md).
     enforce_timing_claims: str = "cuda"
+    # CPU only: the time the reward pays for is the judged time plus what the protocol leaves compressible (the
+    # judge's input copy and output snapshot per call, as its probe timed them): a candidate can take up to that
+    # off its round trip (overlap with the judge's copy, outputs written in place; docs/sandbox.md "What stays
+    # compressible"), so the reward's time is never less than the kernel's true time. It is the whole work of a
+    # single-pass kernel such as ReLU (no speed tier there), little of a compute-bound one (GEMM).
+    cpu_charge_compressible: bool = True
     timing_claim_slack: float = 0.25
     timing_claim_abs_s: float = 0.0005
     timing_claim_slack_cpu: float = 2.0

@@ -459,6 +459,33 @@ class Evaluator:
         res["speedup_vs_eager"] = speedup(t, te)
         res["speedup_vs_compile"] = speedup(t, tc)
         res["reward"] = milestone_reward(res["compiled"], res["correct"], t, te, tc, self.sb.speedup_threshold)
+        if t and self.backend == "cpu" and self.sb.cpu_charge_compressible:
+            self._charge_compressible(res, stats, eager, t, te, tc)
+
+    def _charge_compressible(self, res: dict, stats: dict, eager: dict, t: float, te, tc) -> None:
+        """(CPU) Pay for the judged time plus the protocol's compressible part (cpu_charge_compressible): a speed
+        tier only where the kernel beats the baseline by more than a forged claim could hide. The speed-ups
+        stay as measured (benchmarks read them); the reward and its evidence say what was paid for."""
+        c = compressible_per_call(stats)
+        paid = max(t, judged_time(stats, eager) + c)
+        res["evidence"].update(compressible_s=c, reward_time_s=paid)
+        reward = milestone_reward(res["compiled"], res["correct"], paid, te, tc, self.sb.speedup_threshold)
+        if reward < res["reward"]:
+            res["evidence"]["speed_unproven"] = (
+                f"{t * 1e6:.1f} us a call as judged, {paid * 1e6:.1f} us with the {c * 1e6:.1f} us a candidate "
+                f"could hide in the judge's copies: reward {reward:g}, not {res['reward']:g} (eager "
+                f"{(te or 0) * 1e6:.1f} us{'' if not tc else f', compile {tc * 1e6:.1f} us'})")
+            res["reward"] = reward
+
+
+def compressible_per_call(cand: dict) -> float:
+    """Seconds per call of the protocol's overhead that a candidate can take off its round trip on CPU: the
+    judge's input copy (its work can overlap it, watching the inputs arrive) and one pass over the outputs (it
+    can write them in place instead of the stand-in's copy; the judge's snapshot is that pass), as the probe
+    timed them before the candidate's code was loaded. 0 without a probe."""
+    probe = (cand.get("trusted") or {}).get("probe") or {}
+    b = max(1, int(probe.get("batch") or 1))
+    return (float(probe.get("copy_in_s", 0.0)) + float(probe.get("snapshot_s", 0.0))) / b
 
 
 def gate_evidence(res: dict, holds: list[dict]) -> None:

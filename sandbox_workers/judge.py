@@ -162,8 +162,11 @@ class Judge:
         self.runtime.flush()
         self.runtime.sync()
         t2 = clock()
+        t_copy = 0.0
         if plain is not None:  # the call's inputs exist outside this process only from here on (layout_plain)
+            tc = clock()
             self.arena.raw(0, plain.numel()).copy_(plain)
+            t_copy = clock() - tc
             del plain
         ran = self.ask({"op": "run", "keys": keys, "guard": guard, **where})
         t_reply = clock()
@@ -181,7 +184,7 @@ class Judge:
         del expected
         faults = ran.get("minflt")  # the remote's report: only steers the warm-up and is shown, never trusted
         return {"b": b, "claim_s": float(claim), "stage_s": t1 - t0, "flush_s": t2 - t1, "run_s": t3 - t2,
-                "snapshot_s": t3 - t_reply, "checks": results,
+                "snapshot_s": t3 - t_reply, "copy_in_s": t_copy, "checks": results,
                 "minflt": faults if isinstance(faults, int) and faults >= 0 else -1}
 
     def put_host(self, sets: list[list], keys: list[int], out_total: int) -> tuple[list, int]:
@@ -331,7 +334,8 @@ class Judge:
         runs = [self.trial(b, [False] * b, out_bytes, guard=False) for _ in range(trials + 1)][1:]  # 1 warm-up
         gaps = [t["run_s"] - b * t["claim_s"] for t in runs]
         self.probe = {"run_gap_s": statistics.median(gaps), "run_gap_min_s": min(gaps),
-                      "snapshot_s": statistics.median(t["snapshot_s"] for t in runs), "batch": b, "trials": trials}
+                      "snapshot_s": statistics.median(t["snapshot_s"] for t in runs),
+                      "copy_in_s": statistics.median(t["copy_in_s"] for t in runs), "batch": b, "trials": trials}
 
     # ------------------------------------------------------------------ a whole variant
     def measure(self, checked: bool, timing: dict | None, phases: Phases | None = None, name: str = "") -> dict:
@@ -455,6 +459,7 @@ def summarize_trials(trials: list[dict]) -> dict:
         "run_gap_min_s": min(t["run_s"] - t["b"] * t["claim_s"] for t in trials),
         "run_min_s": min(t["run_s"] for t in trials),
         "stage_s": med(t["stage_s"] for t in trials), "snapshot_s": med(t["snapshot_s"] for t in trials),
+        "copy_in_s": med(t.get("copy_in_s", 0.0) for t in trials),
         "run_s": med(t["run_s"] for t in trials), "flush_s": med(t["flush_s"] for t in trials),
         "wall_per_call_s": med((t["stage_s"] + t["run_s"]) / t["b"] for t in trials),
     }

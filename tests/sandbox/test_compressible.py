@@ -1,0 +1,72 @@
+"""On CPU the reward pays for the judged time plus what the protocol leaves compressible: the judge's input copy
+and one pass over the outputs, as its probe timed them before the candidate's code existed
+(`sandbox.cpu_charge_compressible`, docs/sandbox.md "What stays compressible"). A candidate can take up to that
+off its round trip (its work overlapping the judge's copy, its outputs written in place), so no claim, forged or
+not, buys a speed tier the judge cannot prove. Real CPU evaluations in the OS sandbox."""
+from __future__ import annotations
+
+from pathlib import Path
+import sys
+
+from sandbox_workers.evaluator import Evaluator
+from tests.sandbox import redteam_cases as rc
+from tests.sandbox.conftest import isolated_cfg
+from tests.sandbox.helpers import ROOT, shrunk_task
+
+GEMM_EXAMPLE = ROOT / "skills" / "examples" / "cpu_12_Gemm_Multiply_LeakyReLU"
+
+
+def forged_clock_in_place() -> dict[str, str]:
+    """The held-out attack: ReLU written straight into the judge's output region, claims' clock at 1/100."""
+    return {"model_new.py": rc._ARENA_DIRECT_PY, "kernels/relu.cpp": rc.cpp(rc.SERIAL)["kernels/relu.cpp"]}
+
+
+def _evaluate(tmp_path, task: str, files: dict[str, str]) -> dict:
+    ev = Evaluator(isolated_cfg(str(tmp_path / "cache")), "cpu")
+    try:
+        return ev.evaluate(task, files, "both")
+    finally:
+        ev.close()
+
+
+def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pass_task(tmp_path):
+    # the CPU example's ReLU shape (16 MB in, 16 MB out); the kernel writes straight into the judge's output region
+    # (the protocol's output copy skipped) and the claims' clock runs at 1/100: before the charge the CLI paid
+    # this 3 in 1 of 2 runs, as the host's noise decided (docs/sandbox.md)
+    rel, consts = rc.TASKS["relu_wide"]
+    task = shrunk_task(rel, **consts)
+    res = _evaluate(tmp_path, task, forged_clock_in_place())
+    assert res["correct"] and res["reward"] <= 1.0, rc.describe(res)
+    ev, eager = res["evidence"], res["timings"]["eager"]["median_s"]
+    assert res["timings"]["candidate"]["median_s"] < 0.2 * eager  # the claim: forged
+    # a single-pass kernel: the judge's copies of one call take longer than the reference's whole call, so no
+    # candidate of this task can prove a speed-up here, whatever it claims
+    assert ev["compressible_s"] > eager and ev["reward_time_s"] >= ev["compressible_s"], (ev, eager)
+
+
+def test_a_compute_bound_task_keeps_most_of_its_speed_measurable(tmp_path):
+    # the CPU example's GEMM (128 x 1024 x 1024) with its own solution: its inputs and outputs are small against
+    # its work, so a speed-up of more than 2x stays payable (0.23 of the reference here, docs/sandbox.md)
+    task = (GEMM_EXAMPLE / "model.py").read_text()
+    files = {str(p.relative_to(GEMM_EXAMPLE)): p.read_text() for p in GEMM_EXAMPLE.rglob("*")
+             if p.is_file() and p.name != "model.py"}
+    res = _evaluate(tmp_path, task, files)
+    assert res["correct"], rc.describe(res)
+    ev, eager = res["evidence"], res["timings"]["eager"]["median_s"]
+    assert 0 < ev["compressible_s"] < 0.5 * eager, (ev["compressible_s"], eager)
+    assert ev["reward_time_s"] >= res["timings"]["candidate"]["median_s"]
+
+
+def test_the_charge_is_the_probes_copies_per_call():
+    from sandbox_workers.evaluator import compressible_per_call
+
+    probe = {"run_gap_min_s": 0.014, "snapshot_s": 0.006, "copy_in_s": 0.004, "batch": 2, "trials": 7}
+    assert abs(compressible_per_call({"trusted": {"probe": probe}}) - 0.005) < 1e-12
+    assert compressible_per_call({"trusted": {}}) == 0.0  # no probe (a candidate's session always has one)
+
+
+if __name__ == "__main__":  # writes the attack's solution folder for the CLI (docs/sandbox/compressible/ab.sh)
+    out = Path(sys.argv[1])
+    for name, text in forged_clock_in_place().items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
