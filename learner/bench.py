@@ -111,7 +111,8 @@ class PlainLoop:
         prep = []
         with torch.no_grad():
             for mb in batches:
-                prox = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=lc.logit_chunk)[0].float()
+                prox = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=lc.logit_chunk,
+                                      select=mb.loss_mask)[0].float()
                 values = self.critic(mb.input_ids, mb.attention_mask).float() * mb.loss_mask
                 adv, ret = torch.zeros_like(values), torch.zeros_like(values)
                 for i in range(values.shape[0]):
@@ -120,7 +121,7 @@ class PlainLoop:
                 prep.append((prox, values, adv, ret))
         for mb, (prox, old_v, adv, ret) in zip(batches, prep):
             logp, _ = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, want_entropy=True,
-                                     chunk=lc.logit_chunk)
+                                     chunk=lc.logit_chunk, select=mb.loss_mask)
             ppo_policy_loss(logp, prox, mb.logp_mu, adv, mb.loss_mask, self.params, norm)[0].backward()
             value_loss(self.critic(mb.input_ids, mb.attention_mask).float(), old_v, ret, mb.loss_mask,
                        lc.value_clip, norm)[0].backward()

@@ -69,13 +69,37 @@ def _chunk_logp(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, want_en
 
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   want_entropy: bool = False, chunk: int = LOGIT_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp, entropy), both [B, T]: position t holds log pi(token t | tokens < t); position 0 is 0."""
+                   want_entropy: bool = False, chunk: int = LOGIT_CHUNK, select: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy), both [B, T]: position t holds log pi(token t | tokens < t); position 0 is 0.
+
+    ``select`` ([B, T]): only the positions where it is > 0 get theirs, the others hold 0. The objective reads
+    the loss-masked positions only, and most positions of an agentic episode are prompt and tool output: the
+    vocabulary projection (a small model's largest per-token cost, any model's largest activation) then runs
+    on the generated tokens alone."""
     backbone = model.get_decoder()
     head = model.get_output_embeddings()
     h = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     h = h[:, :-1]
     targets = input_ids[:, 1:]
+    if select is None:
+        logp, ent = _chunked_logp(head, h, targets, want_entropy, chunk)
+        return F.pad(logp, (1, 0)), F.pad(ent, (1, 0))
+    sel = select[:, 1:] > 0
+    if not bool(sel.any()):  # a padding micro-batch: one position keeps the graph (and the ranks' backward) alive
+        sel = sel.clone()
+        sel[0, 0] = True
+    lp_rows, ent_rows = _chunked_logp(head, h[sel].unsqueeze(0), targets[sel].unsqueeze(0), want_entropy,
+                                      chunk * h.shape[0])
+    zeros = torch.zeros(targets.shape, dtype=lp_rows.dtype, device=h.device)
+    logp = zeros.masked_scatter(sel, lp_rows[0])
+    ent = zeros.masked_scatter(sel, ent_rows[0])
+    return F.pad(logp, (1, 0)), F.pad(ent, (1, 0))
+
+
+def _chunked_logp(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, want_entropy: bool, chunk: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """_chunk_logp over chunks of ``chunk`` positions (dim 1), each re-run in backward (checkpointed)."""
     T = h.shape[1]
     parts_lp, parts_ent = [], []
     for s in range(0, T, chunk):
@@ -86,6 +110,4 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
             lp, ent = _chunk_logp(head, hs, ts, want_entropy)
         parts_lp.append(lp)
         parts_ent.append(ent)
-    logp = F.pad(torch.cat(parts_lp, dim=1), (1, 0))
-    ent = F.pad(torch.cat(parts_ent, dim=1), (1, 0))
-    return logp, ent
+    return torch.cat(parts_lp, dim=1), torch.cat(parts_ent, dim=1)

@@ -69,7 +69,7 @@ class Trainer:
     # ---- passes --------------------------------------------------------------------------
     def _logp(self, mb: MicroBatch, entropy: bool = False):
         return token_logprobs(self.policy, mb.input_ids, mb.attention_mask, want_entropy=entropy,
-                              chunk=self.cfg.learner.logit_chunk)
+                              chunk=self.cfg.learner.logit_chunk, select=mb.loss_mask)
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         return self.critic(mb.input_ids, mb.attention_mask).float()
@@ -87,7 +87,7 @@ class Trainer:
             out["logp_prox"] = self._logp(mb)[0].float()
         if self.reference is not None and need_ref:
             out["logp_ref"] = token_logprobs(self.reference, mb.input_ids, mb.attention_mask,
-                                             chunk=self.cfg.learner.logit_chunk)[0].float()
+                                             chunk=self.cfg.learner.logit_chunk, select=mb.loss_mask)[0].float()
         if need_values:
             values = self._values(mb) * mb.loss_mask
             adv = torch.zeros_like(values)

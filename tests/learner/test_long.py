@@ -65,3 +65,34 @@ def test_chunked_logprobs_match_full_logits_with_gradients(tiny_model):
     p = torch.softmax(logits[:, :-1], -1)
     ref_ent = -(p * torch.log_softmax(logits[:, :-1], -1)).sum(-1)
     assert torch.allclose(ent[:, 1:], ref_ent.detach(), atol=1e-4)
+
+
+def test_selected_logprobs_match_the_full_ones_and_leave_the_rest_zero(tiny_model):
+    """``select`` (the trainer passes the loss mask): the vocabulary projection runs on the selected positions
+    only; their log-probs, entropies and gradients are the full computation's, every other position holds 0, and
+    a micro-batch with nothing selected (padding) still has a graph to run backward through."""
+    from learner.models import load_policy, token_logprobs
+
+    model = load_policy(tiny_model)
+    ids = torch.randint(10, 1000, (2, 300))
+    att = torch.ones_like(ids)
+    att[1, 250:] = 0
+    sel = torch.zeros(ids.shape)
+    sel[0, 40:90] = 1  # two generated spans in one row, one in the other
+    sel[0, 200:260] = 1
+    sel[1, 120:250] = 1
+    full, full_ent = token_logprobs(model, ids, att, want_entropy=True, chunk=64)
+    (full * sel).sum().backward()
+    g_full = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    part, part_ent = token_logprobs(model, ids, att, want_entropy=True, chunk=16, select=sel)
+    (part * sel).sum().backward()
+    on = sel > 0
+    assert torch.allclose(part[on].detach(), full[on].detach(), atol=1e-5)
+    assert torch.allclose(part_ent[on], full_ent[on], atol=1e-4)
+    assert part[~on].abs().sum() == 0 and part_ent[~on].abs().sum() == 0
+    assert torch.allclose(model.lm_head.weight.grad, g_full, atol=1e-5)
+    model.zero_grad()
+    none, _ = token_logprobs(model, ids, att, select=torch.zeros(ids.shape))
+    assert none.abs().sum() > 0 and none.requires_grad  # one position kept: the graph exists (its mask is 0)
+    (none * 0).sum().backward()
