@@ -124,10 +124,7 @@ class Trainer:
         if self.stage == "rft":
             samples, counts = merge_repeats(samples)
         mine, pads = self._local_batches(samples)
-        mismatch = eng.all_reduce_sum([float(sum(loss_mask_mismatch(b) for b in mine))])[0]
-        if mismatch:
-            log.warning("%d loss-mask position(s) disagree with the turns' generated spans (a learner bug: the "
-                        "loss is not on the tokens the actor generated)", int(mismatch))
+        mismatch = float(sum(loss_mask_mismatch(b) for b in mine))  # summed over ranks with the tokens below
         batches = [b.to(self.device) for b in mine + pads]
         if self.stage == "rft":
             for b in batches[:len(mine)]:  # a row stands for its repeats: the loss and its normaliser count them
@@ -142,7 +139,10 @@ class Trainer:
             fresh = {s.episode_id for s in samples if s.flags.get("lag") == 0}
             metrics = self._ppo(batches, train_policy=True, fresh=fresh,
                                 baselines=episode_baselines(self.cfg.learner.advantage, samples))
-        tokens = eng.all_reduce_sum([float(sum(b.tokens for b in mine))])[0]
+        tokens, mismatch = eng.all_reduce_sum([float(sum(b.tokens for b in mine)), mismatch])
+        if mismatch:
+            log.warning("%d loss-mask position(s) disagree with the turns' generated spans (a learner bug: the "
+                        "loss is not on the tokens the actor generated)", int(mismatch))
         metrics.update(tokens=tokens, trajectories=float(n_samples), step_s=time.perf_counter() - t0,
                        loss_mask_mismatch=mismatch)
         return metrics

@@ -459,7 +459,7 @@ def summarize_trials(trials: list[dict]) -> dict:
         "run_gap_min_s": min(t["run_s"] - t["b"] * t["claim_s"] for t in trials),
         "run_min_s": min(t["run_s"] for t in trials),
         "stage_s": med(t["stage_s"] for t in trials), "snapshot_s": med(t["snapshot_s"] for t in trials),
-        "copy_in_s": med(t.get("copy_in_s", 0.0) for t in trials),
+        "copy_in_s": med(t["copy_in_s"] for t in trials),
         "run_s": med(t["run_s"] for t in trials), "flush_s": med(t["flush_s"] for t in trials),
         "wall_per_call_s": med((t["stage_s"] + t["run_s"]) / t["b"] for t in trials),
     }

@@ -5,8 +5,8 @@ off its round trip (its work overlapping the judge's copy, its outputs written i
 not, buys a speed tier the judge cannot prove. Real CPU evaluations in the OS sandbox."""
 from __future__ import annotations
 
-from pathlib import Path
 import sys
+from pathlib import Path
 
 from sandbox_workers.evaluator import Evaluator
 from tests.sandbox import redteam_cases as rc
@@ -31,8 +31,8 @@ def _evaluate(tmp_path, task: str, files: dict[str, str]) -> dict:
 
 def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pass_task(tmp_path):
     # the CPU example's ReLU shape (16 MB in, 16 MB out); the kernel writes straight into the judge's output region
-    # (the protocol's output copy skipped) and the claims' clock runs at 1/100: before the charge the CLI paid
-    # this 3 in 1 of 2 runs, as the host's noise decided (docs/sandbox.md)
+    # (the protocol's output copy skipped) and the claims' clock runs at 1/100: without the charge the CLI paid
+    # this 3 in 3 of 3 runs (docs/sandbox/compressible/ab.out)
     rel, consts = rc.TASKS["relu_wide"]
     task = shrunk_task(rel, **consts)
     res = _evaluate(tmp_path, task, forged_clock_in_place())
@@ -54,7 +54,6 @@ def test_a_compute_bound_task_keeps_most_of_its_speed_measurable(tmp_path):
     assert res["correct"], rc.describe(res)
     ev, eager = res["evidence"], res["timings"]["eager"]["median_s"]
     assert 0 < ev["compressible_s"] < 0.5 * eager, (ev["compressible_s"], eager)
-    assert ev["reward_time_s"] >= res["timings"]["candidate"]["median_s"]
 
 
 def test_the_charge_is_the_probes_copies_per_call():
