@@ -465,10 +465,13 @@ class Evaluator:
     def _charge_compressible(self, res: dict, stats: dict, eager: dict, t: float, te, tc) -> None:
         """(CPU) Pay for the judged time plus the protocol's compressible part (cpu_charge_compressible): a speed
         tier only where the kernel beats the baseline by more than a forged claim could hide. The speed-ups
-        stay as measured (benchmarks read them); the reward and its evidence say what was paid for."""
+        reported are the paid time's too (fast_p and the agent's tool reply read them, so a forged claim buys
+        neither); the evidence keeps the ones the claims measured."""
         c = compressible_per_call(stats)
         paid = max(t, judged_time(stats, eager) + c)
-        res["evidence"].update(compressible_s=c, reward_time_s=paid)
+        res["evidence"].update(compressible_s=c, reward_time_s=paid, measured_speedup_vs_eager=res["speedup_vs_eager"],
+                               measured_speedup_vs_compile=res["speedup_vs_compile"])
+        res["speedup_vs_eager"], res["speedup_vs_compile"] = speedup(paid, te), speedup(paid, tc)
         reward = milestone_reward(res["compiled"], res["correct"], paid, te, tc, self.sb.speedup_threshold)
         if reward < res["reward"]:
             res["evidence"]["speed_unproven"] = (

@@ -8,7 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cluster.tasks.metrics import TaskResult, fast_p
 from sandbox_workers.evaluator import Evaluator
+from sandbox_workers.reward import milestone_reward, speedup
 from tests.sandbox import redteam_cases as rc
 from tests.sandbox.conftest import isolated_cfg
 from tests.sandbox.helpers import ROOT, shrunk_task
@@ -32,16 +34,27 @@ def _evaluate(tmp_path, task: str, files: dict[str, str]) -> dict:
 def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pass_task(tmp_path):
     # the CPU example's ReLU shape (16 MB in, 16 MB out); the kernel writes straight into the judge's output region
     # (the protocol's output copy skipped) and the claims' clock runs at 1/100: without the charge the CLI paid
-    # this 3 in 3 of 3 runs (docs/sandbox/compressible/ab.out)
+    # this 3 in 3 of 3 runs, with it 1 in 3 of 3 (docs/sandbox/compressible/ab.out)
     rel, consts = rc.TASKS["relu_wide"]
     task = shrunk_task(rel, **consts)
     res = _evaluate(tmp_path, task, forged_clock_in_place())
-    assert res["correct"] and res["reward"] <= 1.0, rc.describe(res)
-    ev, eager = res["evidence"], res["timings"]["eager"]["median_s"]
-    assert res["timings"]["candidate"]["median_s"] < 0.2 * eager  # the claim: forged
-    # a single-pass kernel: the judge's copies of one call take longer than the reference's whole call, so no
-    # candidate of this task can prove a speed-up here, whatever it claims
-    assert ev["compressible_s"] > eager and ev["reward_time_s"] >= ev["compressible_s"], (ev, eager)
+    ev, tm = res["evidence"], res["timings"]
+    why = (rc.describe(res), ev, tm)
+    te, tc = tm["eager"]["median_s"], tm["compile"]["median_s"]
+    assert res["correct"], why
+    assert milestone_reward(True, True, tm["candidate"]["median_s"], te, tc) == 3.0, why  # the claim: forged
+    # the reward is the tier of the charged time, and the charge (the judge's copies of one call) is no faster than
+    # the faster reference's whole call: a single-pass kernel, so no claim here buys the top tier
+    assert ev["reward_time_s"] >= ev["compressible_s"] > 0, why
+    assert res["reward"] == milestone_reward(True, True, ev["reward_time_s"], te, tc), why
+    assert res["reward"] < 3.0 and ev["compressible_s"] > min(te, tc), why
+    # where the two references agree (within 1.5x) the eager tier is lost as well; CI's loaded host once measured
+    # eager's ReLU far above compile's, and the charged time then beat eager alone (reward 2)
+    if max(te, tc) < 1.5 * min(te, tc):
+        assert res["reward"] <= 1.0, why
+    # the speed-ups reported are the paid time's, so `kernelrl eval`'s fast_p does not read the forged claim either
+    assert res["speedup_vs_compile"] == speedup(ev["reward_time_s"], tc) < 1.0, why
+    assert fast_p([TaskResult.from_eval("relu", "relu", 1, "cpu", res)], 1.0, "compile") == 0.0, why
 
 
 def test_a_compute_bound_task_keeps_most_of_its_speed_measurable(tmp_path):
