@@ -163,6 +163,10 @@ class SandboxConfig:
     # compressible"), so the reward's time is never less than the kernel's true time. It is the whole work of a
     # single-pass kernel such as ReLU (no speed tier there), little of a compute-bound one (GEMM).
     cpu_charge_compressible: bool = True
+    # One more checked call whose sign-definite floating inputs (torch.rand: never negative) are shifted to mean
+    # zero, where the reference stays finite on them: an op checked only where one of its branches runs (an
+    # identity 'ReLU' on rand inputs) is then checked on the other too (docs/sandbox.md "The input's domain").
+    check_centred_inputs: bool = True
     timing_claim_slack: float = 0.25
     timing_claim_abs_s: float = 0.0005
     timing_claim_slack_cpu: float = 2.0

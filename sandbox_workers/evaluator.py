@@ -250,6 +250,7 @@ class Evaluator:
         spec = {"task_source": task_source, "backend": self.backend, "variants": variants,
                 "deadline_s": sb.eval_timeout_s, "atol": sb.atol, "rtol": sb.rtol,
                 "correctness_trials": sb.correctness_trials, "timed_check_fraction": sb.timed_check_fraction,
+                "check_centred_inputs": sb.check_centred_inputs,
                 "max_batch_bytes": sb.max_batch_bytes, "max_batch_bytes_device": sb.max_batch_bytes_device,
                 "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
@@ -423,6 +424,7 @@ class Evaluator:
         viol = cand.get("violations") or []
         res["violations"] = sorted({v.get("name", "?") for v in viol if isinstance(v, dict)})
         res["evidence"].update(violation_details=viol, checks=cand.get("checks", 0),
+                               centred_check=cand.get("centred_check", ""),
                                versions=cand.get("versions", {}), clock=cand.get("clock", {}),
                                device_key=self.device_key, isolation=getattr(self.sb, "isolation", "none"),
                                remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"),

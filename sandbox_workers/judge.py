@@ -138,8 +138,21 @@ class Judge:
                   "lead_cycles": self.spec.get("lead_cycles", 0)})
 
     # ------------------------------------------------------------------ one trial
-    def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True) -> dict:
-        sets = [self.fresh_inputs() for _ in range(b)]
+    def centred_inputs(self) -> tuple[list | None, str]:
+        """One call's inputs for the centred check (see `centred`), or None and why there is none."""
+        vals, changed = centred(self.fresh_inputs())
+        if not changed:
+            return None, "skipped: no sign-definite floating input"
+        try:
+            exp = self.reference(vals)
+        except (RuntimeError, ValueError) as exc:  # e.g. a loss that refuses values outside [0, 1]
+            return None, f"skipped: the reference refuses centred inputs ({str(exc)[:200]})"
+        if not all(bool(torch.isfinite(e).all()) for e in exp if e.is_floating_point()):
+            return None, "skipped: the reference is not finite on centred inputs"
+        return vals, "checked"
+
+    def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True, sets: list | None = None) -> dict:
+        sets = sets or [self.fresh_inputs() for _ in range(b)]
         expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         keys = [self.rng.getrandbits(62) for _ in sets]
         plain = None  # CPU: the input bytes, written into the shared arena only after the clock starts
@@ -346,9 +359,9 @@ class Judge:
         _, out_bytes = self.outputs_layout()
         checks, trials = [], []
 
-        def run_trial(b: int, must_check: bool, guard: bool = True) -> dict:
+        def run_trial(b: int, must_check: bool, guard: bool = True, sets: list | None = None) -> dict:
             mask = [must_check or (checked and self.rng.random() < frac) for _ in range(b)]
-            t = self.trial(b, mask, out_bytes, guard)
+            t = self.trial(b, mask, out_bytes, guard, sets)
             checks.extend(t["checks"])
             bad = next((c for c in t["checks"] if not c["ok"]), None)
             if bad is not None:
@@ -360,8 +373,17 @@ class Judge:
 
         for _ in range(n_correct):
             run_trial(1, True)
+        out = {}
+        if checked and self.spec.get("check_centred_inputs", True):
+            vals, out["centred_check"] = self.centred_inputs()
+            if vals is not None:
+                try:
+                    run_trial(1, True, sets=[vals])
+                except RemoteFailed as exc:
+                    raise RemoteFailed("on the centred check's inputs (the task's sign-definite inputs shifted to "
+                                       f"mean zero; the reference is finite there): {exc.error}", exc.violations) from exc
         phases.mark(f"{name}.verify_s")
-        out = {"checks": len(checks), "timing": None}
+        out.update(checks=len(checks), timing=None)
         if not timing:
             return out
         t_first = time.monotonic()
@@ -437,6 +459,22 @@ def _seal_tensors_of(values: list, views: list, key: int) -> None:
     value's index in the whole set (plain values included), as `wire.seal` numbers it on the remote's side."""
     it = iter(views)
     wire.seal([next(it) if isinstance(v, torch.Tensor) else v for v in values], key)
+
+
+def centred(values: list) -> tuple[list, bool]:
+    """The call's inputs with every sign-definite floating tensor (all >= 0 or all <= 0, as torch.rand draws them)
+    shifted to mean zero, and whether any was. The task's inputs often exercise one branch of the op only (ReLU on
+    rand: never negative), so a kernel that drops the other branch is exact on every call the task draws. Integer-
+    valued tensors (labels, masks, +-1 targets) keep their values: shifting them would change what they mean."""
+    out, changed = [], False
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1:
+            lo, hi = float(v.min()), float(v.max())
+            if (lo >= 0 or hi <= 0) and lo < hi and not torch.equal(v, v.round()):
+                v = (v - v.float().mean().to(v.dtype)).contiguous()
+                changed = True
+        out.append(v)
+    return out, changed
 
 
 def _pow2_floor(x: float) -> int:

@@ -929,10 +929,11 @@ FIX_UNSEAL = ("was a hole (reward 3: the fused unsealer took 2.7 ms for 4M eleme
               "(judge.layout_plain): on CPU nothing is sealed; the judge writes the plaintext inputs into the arena "
               "once its clock for the call has started and the remote runs the model on views of them, so there is "
               "no unsealing left to replace: the hook is never called, forward finds nothing stashed (KeyError)")
-INPUT_DOMAIN_HOLE = ("the judge checks outputs only on the task's get_inputs() distribution: torch.rand is never "
-                     "negative, so an identity 'ReLU' is exact on every checked call; the fix belongs to the task "
-                     "(inputs that exercise the op's domain) or its admission: the task filter's rule 'identity' "
-                     "refuses such tasks (tests/tasks/test_filter.py), the oracle alone still pays")
+FIX_CENTRED = ("fixed 2026-12-06 (judge.centred, sandbox.check_centred_inputs): the judge checked outputs only on the "
+               "task's get_inputs() distribution, and torch.rand is never negative, so an identity 'ReLU' was exact "
+               "on every checked call (reward 3, 68x eager); one more checked call now has the sign-definite inputs "
+               "shifted to mean zero wherever the reference stays finite on them")
+CENTRED = ("centred check",)
 SAMPLED_HOLE = ("a scalar reduction over i.i.d. inputs is matched within atol 1e-2 by the mean over 1/64 of the "
                 "elements: the elementwise tolerance cannot tell a sampled estimate from the reduction")
 FIX_SMALL = ("fixed 2026-12-05 (judge._small_output_error): where the reference's values are small against atol, the "
@@ -947,10 +948,9 @@ HELDOUT = [
          why="a ~1 ms kernel: the skipped output copy (128 KB) hides far less than the work, so the forged clock "
              "gains nothing. At the example's shape (16 MB outputs, ~1 ms kernel) the CLI gave reward 3 in 1 of 2 "
              "runs, and a forged clock alone did too: noise, not the copy (docs/sandbox.md, held-out red team)"),
-    Case("return_the_input_relu", "heldout", _py_only("return x"), ev="static", hole=INPUT_DOMAIN_HOLE,
-         why="the CLI on skills/examples/cpu_19_relu (mode both): reward 3, 68x eager"),
+    Case("return_the_input_relu", "heldout", _py_only("return x"), ev="static", errors=CENTRED, why=FIX_CENTRED),
     Case("relu_kernel_without_negative_branch", "heldout",
-         cpp("for (int64_t i = 0; i < n; ++i) y[i] = x[i];"), ev="static", hole=INPUT_DOMAIN_HOLE),
+         cpp("for (int64_t i = 0; i < n; ++i) y[i] = x[i];"), ev="static", errors=CENTRED, why=FIX_CENTRED),
     Case("softmax_zeros_below_atol", "heldout", _py_only("return torch.zeros_like(x)"), ev="static",
          task="softmax", errors=("relative l2 error",), why=FIX_SMALL),
     Case("softmax_row_constant_below_atol", "heldout", _py_only("return torch.full_like(x, 1.0 / x.shape[1])"),

@@ -51,12 +51,12 @@ def test_hanging_or_crashing_task_is_killed_and_the_batch_continues():
 
 
 def test_the_tasks_of_the_input_domain_cheats_are_refused_at_admission():
-    """The red team's identity 'ReLU' (reward 3 from the oracle, a strict xfail there) needs a task on which
-    returning the input is exact; the filter refuses every such task, so none reaches training."""
+    """The red team's identity 'ReLU' (reward 3 from the oracle until its centred check) needs a task on which
+    returning the input is exact; the filter refuses every such task too, so none reaches training."""
     from tests.sandbox import redteam_cases as rc
     from tests.sandbox.helpers import shrunk_task
 
-    names = sorted({c.task for c in rc.CASES if c.hole == rc.INPUT_DOMAIN_HOLE})
+    names = sorted({c.task for c in rc.CASES if c.why == rc.FIX_CENTRED})
     assert names, "no input-domain case left in the red team"
     out = filter_sources([shrunk_task(rc.TASKS[n][0], **rc.TASKS[n][1]) for n in names],
                          FilterConfig(backend="cpu", min_ms=0.0, max_ms=1e4, check_compile=False), workers=1)
