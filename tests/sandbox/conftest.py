@@ -38,6 +38,20 @@ def isolated_cfg(cache_dir: str):
     return cfg
 
 
+def evaluate_isolated(cache_dir: str, task: str, files: dict[str, str], mode: str = "both", **sandbox) -> dict:
+    """One CPU evaluation by a fresh Evaluator on ``isolated_cfg`` (with ``sandbox`` settings), closed after."""
+    from sandbox_workers.evaluator import Evaluator
+
+    cfg = isolated_cfg(cache_dir)
+    for k, v in sandbox.items():
+        setattr(cfg.sandbox, k, v)
+    ev = Evaluator(cfg, "cpu")
+    try:
+        return ev.evaluate(task, files, mode)
+    finally:
+        ev.close()
+
+
 @pytest.fixture(scope="session")
 def sandbox_cache(tmp_path_factory) -> str:
     # KRL_TEST_SANDBOX_CACHE keeps baselines and inductor's cache between sessions (keys include versions).

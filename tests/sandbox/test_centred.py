@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from sandbox_workers.evaluator import Evaluator
 from sandbox_workers.judge import centred
 from tests.sandbox import redteam_cases as rc
-from tests.sandbox.conftest import isolated_cfg
+from tests.sandbox.conftest import evaluate_isolated
 from tests.sandbox.helpers import RELU_TASK, relu_solution, relu_with_body, shrunk_task
 
 SQRT_BODY = "  for (int64_t i = 0; i < n; ++i) y[i] = std::sqrt(x[i]);"
 
 
-def _verify(tmp_path, task: str, files: dict[str, str]) -> dict:
-    ev = Evaluator(isolated_cfg(str(tmp_path / "cache")), "cpu")
-    try:
-        return ev.evaluate(task, files, "verify")
-    finally:
-        ev.close()
+def _verify(tmp_path, task: str, files: dict[str, str], **sandbox) -> dict:
+    return evaluate_isolated(str(tmp_path / "cache"), task, files, "verify", **sandbox)
 
 
 def test_only_sign_definite_real_valued_inputs_are_shifted():
@@ -51,13 +46,7 @@ def test_a_reference_not_finite_on_centred_inputs_skips_the_call(tmp_path):
     res = _verify(tmp_path, task, relu_with_body(SQRT_BODY, includes="#include <cmath>"))
     assert res["correct"], rc.describe(res)
     assert res["evidence"]["centred_check"] == "skipped: the reference is not finite on centred inputs"
-    # and the switch turns the call off altogether
-    cfg = isolated_cfg(str(tmp_path / "cache2"))
-    cfg.sandbox.check_centred_inputs = False
-    ev = Evaluator(cfg, "cpu")
-    try:
-        off = ev.evaluate(shrunk_task(RELU_TASK[0], **RELU_TASK[1]),
-                          relu_with_body("  for (int64_t i = 0; i < n; ++i) y[i] = x[i];"), "verify")
-    finally:
-        ev.close()
+    # and the switch turns the call off altogether: the identity 'ReLU' passes again
+    off = _verify(tmp_path, shrunk_task(RELU_TASK[0], **RELU_TASK[1]),
+                  relu_with_body("  for (int64_t i = 0; i < n; ++i) y[i] = x[i];"), check_centred_inputs=False)
     assert off["correct"] and off["evidence"]["centred_check"] == "", rc.describe(off)

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 from cluster.tasks.metrics import TaskResult, fast_p
-from sandbox_workers.evaluator import Evaluator
 from sandbox_workers.reward import milestone_reward, speedup
 from tests.sandbox import redteam_cases as rc
-from tests.sandbox.conftest import isolated_cfg
+from tests.sandbox.conftest import evaluate_isolated
 from tests.sandbox.helpers import ROOT, shrunk_task
 
 GEMM_EXAMPLE = ROOT / "skills" / "examples" / "cpu_12_Gemm_Multiply_LeakyReLU"
@@ -24,11 +23,7 @@ def forged_clock_in_place() -> dict[str, str]:
 
 
 def _evaluate(tmp_path, task: str, files: dict[str, str]) -> dict:
-    ev = Evaluator(isolated_cfg(str(tmp_path / "cache")), "cpu")
-    try:
-        return ev.evaluate(task, files, "both")
-    finally:
-        ev.close()
+    return evaluate_isolated(str(tmp_path / "cache"), task, files, "both")
 
 
 def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pass_task(tmp_path):
