@@ -67,6 +67,13 @@ class Actor:
         self.published_tasks: list[str] = []  # task ids in publishing order (a redelivered task shows twice)
 
     # -- lifecycle --------------------------------------------------------------
+    def close(self) -> None:
+        """Close the request client and the bus (their Kafka clients' threads otherwise outlive the actor, and a
+        producer whose broker is gone keeps a core busy reconnecting: docs/learning/s14-suite-slowdown.txt)."""
+        self.client.close()
+        self.bus.close()
+        self._cthread.shutdown(wait=False)
+
     async def run(self, stop: asyncio.Event, max_episodes: int | None = None) -> int:
         """Serve until ``stop`` is set (or ``max_episodes`` finished); returns the number published."""
         loop = asyncio.get_running_loop()

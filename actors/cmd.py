@@ -55,8 +55,7 @@ async def _main(args, cfg) -> int:
             log.info("actor %s: engine stopped with the actor; unfinished tasks left uncommitted", actor.actor_id)
             published = actor.stats["published"]
         log.info("actor %s stopped: %d trajectories, stats %s", actor.actor_id, published, actor.stats)
-        await loop.run_in_executor(None, actor.client.close)
-        await loop.run_in_executor(None, actor.bus.close)
+        await loop.run_in_executor(None, actor.close)
     finally:
         await policy.close()
     return 0

@@ -248,7 +248,10 @@ def test_trajectory_too_large_for_the_broker_is_dead_lettered_and_the_partition_
         prod.close()
     actor = Actor(cfg, ScriptedPolicy(tokenizer, []), actor_id="actor-big")
     t0 = time.monotonic()
-    n = aloop.run(actor.run(asyncio.Event(), max_episodes=1), timeout=60)
+    try:
+        n = aloop.run(actor.run(asyncio.Event(), max_episodes=1), timeout=60)
+    finally:
+        actor.close()
     elapsed = time.monotonic() - t0
     assert n == 1 and actor.stats["refused"] == 1 and actor.stats["publish_failures"] == 1  # tried once, not 5 times
     assert elapsed < 20, f"{elapsed:.1f} s: the refused trajectory was retried"

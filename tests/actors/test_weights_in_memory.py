@@ -137,7 +137,8 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
     cfg = make_cfg()
     cfg.actor.weights_dir = str(tmp_path / "actor-weights")
     v0, base = engine.version, _greedy(aloop, engine, "mem-0")
-    follower = WeightFollower(_bus(cfg), cfg, engine, "actor-mem", Path(cfg.actor.weights_dir))
+    bus = _bus(cfg)
+    follower = WeightFollower(bus, cfg, engine, "actor-mem", Path(cfg.actor.weights_dir))
     stop = asyncio.Event()
     run = asyncio.run_coroutine_threadsafe(follower.run(stop), aloop.loop)
     new = _perturbed_state(tiny_model, seed=11)
@@ -177,6 +178,7 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
     finally:
         stop.set()
         run.result(60)
+        bus.close()  # its producer would outlive the test (and spin once this test's broker is gone)
         aloop.run(engine.swap_weights(tiny_model, engine.version + 1))  # leave the shared engine as found
 
 
