@@ -138,8 +138,9 @@ class Judge:
                   "lead_cycles": self.spec.get("lead_cycles", 0)})
 
     # ------------------------------------------------------------------ one trial
-    def centred_inputs(self) -> tuple[list | None, str]:
-        """One call's inputs for the centred check (see `centred`), or None and why there is none."""
+    def centred_inputs(self) -> tuple[tuple[list, list] | None, str]:
+        """One call's inputs for the centred check (see `centred`) with the reference's outputs for them, or None
+        and why there is none."""
         vals, changed = centred(self.fresh_inputs())
         if not changed:
             return None, "skipped: no sign-definite floating input"
@@ -149,11 +150,16 @@ class Judge:
             return None, f"skipped: the reference refuses centred inputs ({str(exc)[:200]})"
         if not all(bool(torch.isfinite(e).all()) for e in exp if e.is_floating_point()):
             return None, "skipped: the reference is not finite on centred inputs"
-        return vals, "checked"
+        return (vals, exp), "checked"
 
-    def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True, sets: list | None = None) -> dict:
-        sets = sets or [self.fresh_inputs() for _ in range(b)]
-        expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
+    def trial(self, b: int, check: list[bool], out_bytes: int, guard: bool = True,
+              given: tuple[list, list] | None = None) -> dict:
+        """One trial of b calls; ``given``: one call's (inputs, expected outputs), already computed here."""
+        if given is not None:
+            sets, expected = [given[0]], [given[1]]
+        else:
+            sets = [self.fresh_inputs() for _ in range(b)]
+            expected = [self.reference(s) if c else None for s, c in zip(sets, check)]
         keys = [self.rng.getrandbits(62) for _ in sets]
         plain = None  # CPU: the input bytes, written into the shared arena only after the clock starts
         if self.darena is not None:  # inputs and outputs in GPU memory both processes map: no host copies
@@ -359,9 +365,9 @@ class Judge:
         _, out_bytes = self.outputs_layout()
         checks, trials = [], []
 
-        def run_trial(b: int, must_check: bool, guard: bool = True, sets: list | None = None) -> dict:
+        def run_trial(b: int, must_check: bool, guard: bool = True, given: tuple[list, list] | None = None) -> dict:
             mask = [must_check or (checked and self.rng.random() < frac) for _ in range(b)]
-            t = self.trial(b, mask, out_bytes, guard, sets)
+            t = self.trial(b, mask, out_bytes, guard, given)
             checks.extend(t["checks"])
             bad = next((c for c in t["checks"] if not c["ok"]), None)
             if bad is not None:
@@ -375,10 +381,10 @@ class Judge:
             run_trial(1, True)
         out = {}
         if checked and self.spec.get("check_centred_inputs", True):
-            vals, out["centred_check"] = self.centred_inputs()
-            if vals is not None:
+            given, out["centred_check"] = self.centred_inputs()
+            if given is not None:
                 try:
-                    run_trial(1, True, sets=[vals])
+                    run_trial(1, True, given=given)
                 except RemoteFailed as exc:
                     raise RemoteFailed("on the centred check's inputs (the task's sign-definite inputs shifted to "
                                        f"mean zero; the reference is finite there): {exc.error}", exc.violations) from exc
