@@ -10,9 +10,10 @@ in-memory copy of the same number of bytes.
 
 Extra arguments after `bench learner`, as words: model=tiny|random-0.5b|PATH,
 batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs|nccl (nccl: export plus
-one receiver's fetch). With trajectories=DIR stages=rft:2,ppo:4 it instead runs the learner's stage schedule
-on recorded trajectories (learner/bench_replay.py: the learner part of `bench learning`), publishes=0 skips
-the publish part.
+one receiver's fetch), profile=DIR (torch.profiler tables of one step of each loop). With
+trajectories=DIR stages=rft:2,ppo:4 it instead runs the learner's stage schedule on recorded trajectories
+(learner/bench_replay.py: the learner part of `bench learning`); with export=0.5b,1.5b it benches the bucket
+export against the device-to-host copy rate (learner/bench_export.py); publishes=0 skips the publish part.
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def _options(rest: list[str]):
     p.add_argument("--transport", default="auto", choices=["auto", "kafka", "fs", "nccl"])
     p.add_argument("--trajectories", default="", help="a `kernelrl replay --to-dir` folder: train on it instead")
     p.add_argument("--stages", default="rft:2,ppo:4", help="with trajectories=: the stage schedule")
+    p.add_argument("--export", default="", help="tiny,0.5b,1.5b: bench the bucket export instead (bench_export)")
+    p.add_argument("--profile", default="", help="a folder: torch.profiler tables of one PPO and one plain step")
     flat: list[str] = []
     for tok in rest:  # `kernelrl bench learner steps=3 model=random-0.5b` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -162,9 +165,35 @@ def _bench_training(cfg, model_path: str, o) -> dict:
             t_plain += t2 - t1
             tok_ppo += int(m["tokens"])
             tok_plain += n_plain
+    if o.profile:
+        _profile(o.profile, trainer, plain, samples)
     del plain
     return {"ppo_tok_s": tok_ppo / t_ppo, "plain_tok_s": tok_plain / t_plain,
             "ppo_step_s": t_ppo / o.steps, "plain_step_s": t_plain / o.steps, "trainer": trainer}
+
+
+def _profile(folder: str, trainer, plain, samples) -> None:
+    """One step of each loop under torch.profiler: per-op tables (device time, host time) in ``folder``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    dev_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    for name, fn in (("ppo", lambda: trainer.step(samples)), ("plain", lambda: plain.step(samples))):
+        _sync()
+        t = time.perf_counter()
+        with profile(activities=acts, record_shapes=False) as prof:
+            fn()
+            _sync()
+        secs = time.perf_counter() - t
+        ka = prof.key_averages()
+        text = [f"{name} step under the profiler: {secs:.4f} s", "", f"by {dev_key}:",
+                ka.table(sort_by=dev_key, row_limit=45), "", "by cpu_time_total:",
+                ka.table(sort_by="cpu_time_total", row_limit=45)]
+        (out / f"{name}.txt").write_text("\n".join(text) + "\n")
+        log.warning("profile of one %s step (%.3f s) in %s", name, secs, out / f"{name}.txt")
 
 
 def memcpy_gb_s(nbytes: int, reps: int = 3) -> float:
@@ -259,6 +288,10 @@ def run_bench(args, cfg) -> dict:
     cfg.learner.stage = "ppo"
     cfg.learner.token_budget = max(cfg.learner.token_budget, o.seq)
     tiny = build_tiny_model(default_tiny_model_dir(cfg))
+    if o.export:
+        from learner import bench_export
+
+        return _rounded(bench_export.run(cfg, [s.strip() for s in o.export.split(",") if s.strip()], tiny))
     with tempfile.TemporaryDirectory(prefix="krl-bench-learner-") as tmpd:
         tmp = Path(tmpd)
         if o.model == "tiny":

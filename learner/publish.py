@@ -53,10 +53,9 @@ def export_policy(module, zero_stage: int, out_dir: str | Path, base_path: str |
     return out
 
 
-def checkpoint_tensors(module, sd: dict) -> list[tuple[str, object]]:
-    """The state dict's tensors as a checkpoint holds them: tied copies (a tied LM head) are left out."""
-    tied = getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None) or {}
-    return sorted((k, v) for k, v in sd.items() if k not in set(tied))
+def tied_keys(module) -> set[str]:
+    """The state dict's names that a checkpoint leaves out: tied copies (a tied LM head)."""
+    return set(getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None) or {})
 
 
 class Publisher:
@@ -71,6 +70,11 @@ class Publisher:
         if self.buckets and self.transport != "kafka":
             raise SetupError(f"learner.weight_layout 'buckets' needs weight_transport 'kafka', not {self.transport!r}")
         self.stream = None
+        self.exporter = None
+        if self.buckets:
+            from learner.export_buckets import BucketExporter
+
+            self.exporter = BucketExporter(lc.weight_bucket_bytes)
         self.delta = None  # learner.weight_compression: the encoder holding the last published buckets (deltas' base)
         if self.buckets and lc.weight_compression != "none":
             from cluster.weights.codec import encoder_for
@@ -94,8 +98,15 @@ class Publisher:
         lc = self.cfg.learner
         t0 = time.perf_counter()
         if self.buckets:
-            sd = _state_dict(module, lc.zero_stage)  # every rank: ZeRO-3 gathers collectively
-            ann = self.send_buckets(checkpoint_tensors(module, sd), version, step) if sd is not None else None
+            rank = eng.rank_world()[0]
+            views = self.exporter.buckets(module, lc.zero_stage, rank)  # every rank: ZeRO-3 gathers collectively
+            if rank == 0:
+                # the delta encoder keeps this version's buckets as the next one's base: they must outlive the slots
+                ann = self.send_buckets((bytes(v) for v in views) if self.delta is not None else views, version, step)
+            else:
+                ann = None
+                for _ in views:
+                    pass
             eng.barrier()
             return ann, time.perf_counter() - t0
         ann = None
@@ -129,13 +140,13 @@ class Publisher:
         log.info("published %s v%d (%d bytes via %s)", lc.model_name, version, ann.total_bytes, self.transport)
         return ann
 
-    def send_buckets(self, tensors, version: int, step: int):
-        """Send (name, tensor) pairs as in-memory buckets over Kafka and announce them (rank 0)."""
+    def send_buckets(self, buckets, version: int, step: int):
+        """Send safetensors buckets (bytes-like, one at a time) over Kafka from memory and announce them (rank 0)."""
         from cluster.weights import buckets as wb
 
         lc = self.cfg.learner
-        ann = wb.publish_kafka_buckets(self.producer, lc.model_name, version, wb.pack(tensors, lc.weight_bucket_bytes),
-                                       lc.chunk_bytes, step=step, delta=self.delta)
+        ann = wb.publish_kafka_buckets(self.producer, lc.model_name, version, buckets, lc.chunk_bytes, step=step,
+                                       delta=self.delta)
         wt.announce(self.producer, ann)
         log.info("published %s v%d (%d bytes in %d buckets via kafka, from memory)", lc.model_name, version,
                  ann.total_bytes, len(ann.buckets))
