@@ -10,7 +10,8 @@ in-memory copy of the same number of bytes.
 
 Extra arguments after `bench learner`, as words: model=tiny|random-0.5b|PATH,
 batch=8, seq=512, steps=5, warmup=1, publishes=3, transport=auto|kafka|fs|nccl (nccl: export plus
-one receiver's fetch), profile=DIR (torch.profiler tables of one step of each loop). With
+one receiver's fetch), profile=DIR (torch.profiler tables of one step of each loop), plain=bf16|mixed (the plain
+loop's AdamW on the bf16 weights, or on fp32 master copies as DeepSpeed's bf16 mode keeps them). With
 trajectories=DIR stages=rft:2,ppo:4 it instead runs the learner's stage schedule on recorded trajectories
 (learner/bench_replay.py: the learner part of `bench learning`); with export=0.5b,1.5b it benches the bucket
 export against the device-to-host copy rate (learner/bench_export.py); publishes=0 skips the publish part.
@@ -45,6 +46,9 @@ def _options(rest: list[str]):
     p.add_argument("--stages", default="rft:2,ppo:4", help="with trajectories=: the stage schedule")
     p.add_argument("--export", default="", help="tiny,0.5b,1.5b: bench the bucket export instead (bench_export)")
     p.add_argument("--profile", default="", help="a folder: torch.profiler tables of one PPO and one plain step")
+    p.add_argument("--plain", default="bf16", choices=["bf16", "mixed"],
+                   help="the plain loop's optimizer: AdamW on the bf16 weights, or on fp32 master copies (mixed), "
+                        "as DeepSpeed's bf16 mode keeps them")
     flat: list[str] = []
     for tok in rest:  # `kernelrl bench learner steps=3 model=random-0.5b` (the bench CLI passes bare words)
         if "=" in tok and not tok.startswith("-"):
@@ -86,7 +90,7 @@ def _samples(batch: int, seq: int, vocab: int):
 class PlainLoop:
     """The same PPO step as the Trainer's, in bare PyTorch: same models, same batch, AdamW, no DeepSpeed."""
 
-    def __init__(self, cfg, model_path: str, device) -> None:
+    def __init__(self, cfg, model_path: str, device, mixed: bool = False) -> None:
         import torch
 
         from learner.models import load_critic, load_policy
@@ -96,8 +100,17 @@ class PlainLoop:
         self.cfg, self.device = cfg, device
         self.policy = load_policy(model_path, dtype).to(device)
         self.critic = load_critic(model_path, dtype).to(device)
-        self.opt_p = torch.optim.AdamW(self.policy.parameters(), lr=cfg.learner.actor_lr, weight_decay=0.0)
-        self.opt_c = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=0.0)
+        # mixed: AdamW steps fp32 master copies; the bf16 weights are copied from them after each step
+        self.mixed = mixed and dtype != torch.float32
+        self.masters = {}
+        opts = []
+        for model, lr in ((self.policy, cfg.learner.actor_lr), (self.critic, cfg.learner.critic_lr)):
+            params = list(model.parameters())
+            if self.mixed:
+                self.masters[id(model)] = [p.detach().float().clone().requires_grad_(True) for p in params]
+                params = self.masters[id(model)]
+            opts.append(torch.optim.AdamW(params, lr=lr, betas=(0.9, cfg.learner.adam_beta2), weight_decay=0.0))
+        self.opt_p, self.opt_c = opts
         lc = cfg.learner
         self.params = PPOParams(clip_low=lc.clip_low, clip_high=lc.clip_high, mode=lc.off_policy)
 
@@ -129,6 +142,17 @@ class PlainLoop:
             value_loss(self.critic(mb.input_ids, mb.attention_mask).float(), old_v, ret, mb.loss_mask,
                        lc.value_clip, norm)[0].backward()
         for model, opt in ((self.policy, self.opt_p), (self.critic, self.opt_c)):
+            if self.mixed:
+                params, masters = list(model.parameters()), self.masters[id(model)]
+                for p, m in zip(params, masters):
+                    m.grad = p.grad.float() if p.grad is not None else None
+                    p.grad = None
+                torch.nn.utils.clip_grad_norm_(masters, lc.grad_clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    torch._foreach_copy_(params, masters)
+                continue
             torch.nn.utils.clip_grad_norm_(model.parameters(), lc.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -147,7 +171,7 @@ def _bench_training(cfg, model_path: str, o) -> dict:
     from learner.trainer import Trainer
 
     trainer = Trainer(cfg, model_path)
-    plain = PlainLoop(cfg, model_path, eng.device())
+    plain = PlainLoop(cfg, model_path, eng.device(), mixed=o.plain == "mixed")
     samples = _samples(o.batch, o.seq, int(trainer.policy_module().config.vocab_size))
     t_ppo = t_plain = 0.0
     tok_ppo = tok_plain = 0
@@ -167,8 +191,10 @@ def _bench_training(cfg, model_path: str, o) -> dict:
             tok_plain += n_plain
     if o.profile:
         _profile(o.profile, trainer, plain, samples)
+    mixed = plain.mixed
     del plain
-    return {"ppo_tok_s": tok_ppo / t_ppo, "plain_tok_s": tok_plain / t_plain,
+    return {"plain_optimizer": "fp32 masters" if mixed else cfg.learner.dtype,
+            "ppo_tok_s": tok_ppo / t_ppo, "plain_tok_s": tok_plain / t_plain,
             "ppo_step_s": t_ppo / o.steps, "plain_step_s": t_plain / o.steps, "trainer": trainer}
 
 

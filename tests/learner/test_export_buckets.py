@@ -86,3 +86,4 @@ def test_zero3_gathers_each_bucket_and_exports_the_whole_tensors(ds_process, tin
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert all(p.numel() == 0 for p in module.parameters() if getattr(p, "ds_numel", 0))  # partitioned again
+

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device calls of session 15 (2026-12-06), from the working tree the device tool copies:
 #   env      the machine
-#   learner  `python3 -m learner.bench` bf16 ZeRO-1 random-0.5b, PPO step vs plain PyTorch, with a torch.profiler
-#            table of one step of each loop (issue 14: where the PPO step's time goes)
+#   learner  `python3 -m learner.bench` bf16 ZeRO-1 random-0.5b, PPO step vs plain PyTorch (AdamW on the bf16
+#            weights, with a torch.profiler table of one step of each loop; then plain=mixed: AdamW on fp32
+#            master copies, as DeepSpeed's bf16 mode keeps them) (issue 14: where the PPO step's time goes)
 #   export   `python3 -m learner.bench export=0.5b,1.5b`: the bucket export into pinned host slots vs the
 #            device-to-host copy rate (issue 14)
 #   replay   the learner part of `kernelrl bench learning` (issue 13): `bench learner trajectories=DIR` on
@@ -31,11 +32,14 @@ if has env; then
   log "env done"
 fi
 if has learner; then
-  log "learner bench bf16 + profile"
-  timeout $(( $(left) > 200 ? ${LEARNER_S:-180} : $(left) - 20 )) python3 -m learner.bench $BF \
-      --set learner.logit_chunk=512 --set learner.token_budget=16384 model=random-0.5b batch=8 seq=2048 steps=5 \
-      publishes=0 profile="$OUT/prof" --out "$OUT/learner.json" > "$OUT/learner.log" 2>&1
-  log "learner rc=$? $(cat "$OUT/learner.json" 2>/dev/null)"
+  for plain in ${PLAINS:-bf16 mixed}; do
+    log "learner bench bf16, plain loop $plain"
+    prof=""; [ "$plain" = bf16 ] && prof="profile=$OUT/prof"
+    timeout $(( $(left) > 200 ? ${LEARNER_S:-150} : $(left) - 20 )) python3 -m learner.bench $BF \
+        --set learner.logit_chunk=512 --set learner.token_budget=16384 model=random-0.5b batch=8 seq=2048 steps=5 \
+        publishes=0 plain=$plain $prof --out "$OUT/learner_$plain.json" > "$OUT/learner_$plain.log" 2>&1
+    log "learner plain=$plain rc=$? $(cat "$OUT/learner_$plain.json" 2>/dev/null)"
+  done
 fi
 if has export; then
   log "export bench"
