@@ -31,6 +31,12 @@ if has env; then
   { nvidia-smi; nvcc --version | tail -2; python3 -c "import torch,sys;print(sys.version);print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; nproc; free -g | head -2; bwrap --version; git log -1 --format=%H 2>/dev/null; git status --short 2>/dev/null | head -30; } > "$OUT/env.txt" 2>&1
   log "env done"
 fi
+if has export; then
+  log "export bench"
+  timeout $(( $(left) > 200 ? ${EXPORT_S:-150} : $(left) - 20 )) python3 -m learner.bench $BF export=${EXPORT_SIZES:-0.5b,1.5b} \
+      --out "$OUT/export.json" > "$OUT/export.log" 2>&1
+  log "export rc=$? $(cat "$OUT/export.json" 2>/dev/null)"
+fi
 if has learner; then
   for plain in ${PLAINS:-bf16 mixed}; do
     log "learner bench bf16, plain loop $plain"
@@ -40,12 +46,6 @@ if has learner; then
         publishes=0 plain=$plain $prof --out "$OUT/learner_$plain.json" > "$OUT/learner_$plain.log" 2>&1
     log "learner plain=$plain rc=$? $(cat "$OUT/learner_$plain.json" 2>/dev/null)"
   done
-fi
-if has export; then
-  log "export bench"
-  timeout $(( $(left) > 200 ? ${EXPORT_S:-150} : $(left) - 20 )) python3 -m learner.bench $BF export=${EXPORT_SIZES:-0.5b,1.5b} \
-      --out "$OUT/export.json" > "$OUT/export.log" 2>&1
-  log "export rc=$? $(cat "$OUT/export.json" 2>/dev/null)"
 fi
 if has replay; then
   log "replay (learner part of bench learning), SmolLM2 architecture bf16"
@@ -64,7 +64,7 @@ for p in src.iterdir():
         shutil.copyfile(p, dst / p.name)
 print("params", sum(p.numel() for p in m.parameters()), "->", dst)
 PY
-  for tb in ${REPLAY_BUDGETS:-1536 16384}; do
+  for tb in ${REPLAY_BUDGETS:-16384 1536}; do
     timeout $(( $(left) > 150 ? ${REPLAY_S:-120} : $(left) - 20 )) python3 -m learner.bench $BF \
         --set learner.rft_epochs=6 --set learner.ppo_epochs=1 --set learner.critic_lr=1e-4 \
         --set learner.token_budget=$tb --set learner.logit_chunk=512 \
