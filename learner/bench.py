@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from learner.bench_export import QWEN05B
+
 log = logging.getLogger(__name__)
 
-QWEN05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-               num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+
 
 
 def _options(rest: list[str]):

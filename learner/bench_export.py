@@ -18,6 +18,8 @@ import time
 
 log = logging.getLogger(__name__)
 
+QWEN05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+               num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 QWEN15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                num_attention_heads=12, num_key_value_heads=2, head_dim=128, tie_word_embeddings=True)
 
@@ -26,8 +28,6 @@ def build_module(size: str, tiny: str, device, dtype):
     """A model of the named size on ``device`` (random weights, built there: no host round trip)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from learner.bench import QWEN05B
 
     if size == "tiny":
         return AutoModelForCausalLM.from_pretrained(tiny, dtype=dtype).to(device)
@@ -76,7 +76,7 @@ def _timed_export(ex, module, sha: bool) -> float:
 
 def _timed_state_dict_pack(module, bucket_bytes: int) -> tuple[float, int]:
     from cluster.weights.buckets import pack
-    from learner.publish import tied_keys
+    from learner.export_buckets import tied_keys
 
     t = time.perf_counter()
     tied = tied_keys(module)

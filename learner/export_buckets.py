@@ -56,10 +56,13 @@ def header(group: list[Entry]) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
+def tied_keys(module) -> set[str]:
+    """The state dict's names that a checkpoint leaves out: tied copies (a tied LM head)."""
+    return set(getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None) or {})
+
+
 def _entries(module, zero_stage: int) -> tuple[list[Entry], dict]:
     """What a checkpoint of ``module`` holds (tied copies left out), by name, with the tensors behind them."""
-    from learner.publish import tied_keys
-
     tied = tied_keys(module)
     out, tensors = [], {}
     for name, t in module.state_dict(keep_vars=True).items():

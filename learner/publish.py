@@ -53,11 +53,6 @@ def export_policy(module, zero_stage: int, out_dir: str | Path, base_path: str |
     return out
 
 
-def tied_keys(module) -> set[str]:
-    """The state dict's names that a checkpoint leaves out: tied copies (a tied LM head)."""
-    return set(getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None) or {})
-
-
 class Publisher:
     """Rank 0's side of weight publishing; other ranks only take part in the export."""
 

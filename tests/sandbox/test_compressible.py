@@ -48,8 +48,12 @@ def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pas
     if max(te, tc) < 1.5 * min(te, tc):
         assert res["reward"] <= 1.0, why
     # the speed-ups reported are the paid time's, so `kernelrl eval`'s fast_p does not read the forged claim either
-    assert res["speedup_vs_compile"] == speedup(ev["reward_time_s"], tc) < 1.0, why
-    assert fast_p([TaskResult.from_eval("relu", "relu", 1, "cpu", res)], 1.0, "compile") == 0.0, why
+    # (below 1 vs compile on a quiet host; CI's loaded host once timed compile's ReLU at 14.6 ms with a stdev of 23 ms,
+    # and the charged 12.3 ms read 1.19x: the claim's own speed-up is what must never be reported)
+    assert res["speedup_vs_compile"] == speedup(ev["reward_time_s"], tc) < ev["measured_speedup_vs_compile"], why
+    assert res["speedup_vs_eager"] == speedup(ev["reward_time_s"], te) < ev["measured_speedup_vs_eager"], why
+    fast_1 = fast_p([TaskResult.from_eval("relu", "relu", 1, "cpu", res)], 1.0, "compile")
+    assert fast_1 == (1.0 if res["speedup_vs_compile"] > 1.0 else 0.0), why
 
 
 def test_a_compute_bound_task_keeps_most_of_its_speed_measurable(tmp_path):
