@@ -32,8 +32,6 @@ from learner.bench_export import QWEN05B
 log = logging.getLogger(__name__)
 
 
-
-
 def _options(rest: list[str]):
     p = argparse.ArgumentParser(prog="kernelrl bench learner --")
     p.add_argument("--model", default="tiny", help="tiny | random-0.5b | an HF folder")

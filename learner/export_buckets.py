@@ -105,11 +105,11 @@ class BucketExporter:
         entries, tensors = _entries(module, zero_stage)
         groups = plan(entries, self.bucket_bytes)
         heads = [header(g) for g in groups]
+        sizes = [len(h) + sum(e.nbytes for e in g) for h, g in zip(heads, groups)]
         on_cuda = any(t.is_cuda for t in tensors.values())
         if rank == 0:
-            self._ensure_slots(max(len(h) + sum(e.nbytes for e in g) for h, g in zip(heads, groups)), on_cuda)
-        self.stats = {"buckets": len(groups), "bytes": sum(len(h) + sum(e.nbytes for e in g)
-                                                          for h, g in zip(heads, groups))}
+            self._ensure_slots(max(sizes), on_cuda)
+        self.stats = {"buckets": len(groups), "bytes": sum(sizes)}
         stream = torch.cuda.Stream() if on_cuda and rank == 0 else None
         pending = None  # (view, event) of the bucket copied but not yet handed out
         for i, (group, head) in enumerate(zip(groups, heads)):
