@@ -167,6 +167,10 @@ class SandboxConfig:
     # zero, where the reference stays finite on them: an op checked only where one of its branches runs (an
     # identity 'ReLU' on rand inputs) is then checked on the other too (docs/sandbox.md "The input's domain").
     check_centred_inputs: bool = True
+    # Every call's inputs (checked and timed alike) carry spikes: one element in 512, at secret positions fresh per
+    # call, pushed 32 mean magnitudes away, where the reference stays finite on them; a kernel that reduces a sample
+    # of its input is then wrong (docs/sandbox.md "Spiked inputs")
+    spiked_inputs: bool = True
     timing_claim_slack: float = 0.25
     timing_claim_abs_s: float = 0.0005
     timing_claim_slack_cpu: float = 2.0
@@ -264,6 +268,9 @@ class LearnerConfig:
     stages: str = ""
     zero_stage: int = 1
     dtype: str = "fp32"  # fp32 | bf16
+    # A JSON object merged (key by key, nested objects too) into the DeepSpeed config the learner builds, e.g.
+    # '{"zero_optimization": {"reduce_bucket_size": 500000000}}': DeepSpeed's own knobs without a field each
+    deepspeed_json: str = ""
     actor_lr: float = 3e-6
     critic_lr: float = 6e-6
     clip_low: float = 0.2
@@ -471,6 +478,21 @@ def set_value(cfg: Config, path: str, raw: typing.Any) -> None:
     setattr(section, field_name, _coerce(path, raw, hints[field_name]))
 
 
+def deepspeed_overrides(lc: LearnerConfig) -> dict:
+    """``learner.deepspeed_json`` parsed: a JSON object ({} when unset), or ConfigError naming the field."""
+    import json
+
+    if not lc.deepspeed_json.strip():
+        return {}
+    try:
+        value = json.loads(lc.deepspeed_json)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"learner.deepspeed_json: not JSON ({exc}), got {lc.deepspeed_json!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"learner.deepspeed_json: must be a JSON object, got {lc.deepspeed_json!r}")
+    return value
+
+
 def validate(cfg: Config) -> Config:
     for path, allowed in _CHOICES.items():
         sec, name = path.split(".")
@@ -502,6 +524,7 @@ def validate(cfg: Config) -> Config:
                           f"'buckets', got {cfg.learner.weight_layout!r}")
     if cfg.learner.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"learner.zero_stage: must be 0, 1, 2 or 3, got {cfg.learner.zero_stage!r}")
+    deepspeed_overrides(cfg.learner)  # raises ConfigError naming the field
     if not 0 < cfg.learner.adam_beta2 < 1:
         raise ConfigError(f"learner.adam_beta2: must be in (0, 1), got {cfg.learner.adam_beta2!r}")
     if cfg.learner.kl_ref_coef < 0:

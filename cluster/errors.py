@@ -44,6 +44,10 @@ class SetupError(KernelRLError):
     """Something the machine lacks (Java, Maven, a toolchain): the message says what to install."""
 
 
+class DivergedError(KernelRLError):
+    """Training produced non-finite gradients: the weights of that step are not published or checkpointed."""
+
+
 def is_retriable(exc: BaseException) -> bool:
     """Whether trying again can help: our errors' and kafka-python's ``retriable`` flag, and lost connections."""
     flag = getattr(exc, "retriable", None)

@@ -337,7 +337,8 @@ def run_bench(args, cfg) -> dict:
         n_params = sum(p.numel() for p in trainer.policy_module().parameters())
         pub = _bench_publish(cfg, trainer, model_path, o, tmp) if o.publishes > 0 else {}
     out = {"model": o.model, "params": n_params, "device": "cuda" if eng.on_gpu() else "cpu",
-           "dtype": cfg.learner.dtype, "zero_stage": cfg.learner.zero_stage, "batch": o.batch, "seq": o.seq,
+           "dtype": cfg.learner.dtype, "zero_stage": cfg.learner.zero_stage,
+           "deepspeed_json": cfg.learner.deepspeed_json, "batch": o.batch, "seq": o.seq,
            "steps": o.steps, **train, **pub}
     if "plain_tok_s" in out:
         out["ppo_vs_plain"] = out["ppo_tok_s"] / out["plain_tok_s"]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections import defaultdict
 
 import torch
 
+from cluster.errors import DivergedError
 from learner import engine as eng
 from learner.data import (MicroBatch, Sample, collate, empty_like_batch, loss_mask_mismatch, merge_repeats,
                           pack)
@@ -170,7 +172,7 @@ class Trainer:
                     acc["loss"] += float(loss.detach()) / self.world
                     acc["entropy_sum"] += float((ent * mb.loss_mask).sum())
                     acc["n"] += float(mb.loss_mask.sum())
-            self.policy.step()
+            self._step(self.policy, "policy")
         return self._finish(acc, ("entropy",))
 
     def _ppo(self, batches: list[MicroBatch], train_policy: bool, baselines: dict | None = None,
@@ -224,9 +226,9 @@ class Trainer:
                     acc["value_err_sum"] += float(vst["value_err"]) * n_tok
                     acc["value_clip_frac_sum"] += float(vst["value_clip_frac"]) * n_tok
             if train_policy:
-                self.policy.step()
+                self._step(self.policy, "policy")
             if train_critic:
-                self.critic.step()
+                self._step(self.critic, "critic")
         for key in ("policy_loss", "value_loss"):
             acc[key] /= lc.ppo_epochs
         if "kl_ref" in acc:  # reported only where the penalty applies
@@ -245,6 +247,21 @@ class Trainer:
             if n_fresh > 0:
                 out["kl_fresh"] = kl_sum / n_fresh
         return out
+
+    @staticmethod
+    def _step(engine, which: str) -> None:
+        """The optimizer step, then its gradient norm checked: DeepSpeed skips a step whose norm is not finite in
+        fp32, but in bf16 its overflow scan is off (engine.py), so such a step was applied and its weights are lost."""
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        if norm is None or math.isfinite(float(norm)):
+            return
+        if not engine.was_step_applied():
+            log.warning("the %s's gradient norm is %s: DeepSpeed skipped this step", which, float(norm))
+            return
+        raise DivergedError(f"the {which}'s gradient norm is {float(norm)} and the step was applied: its weights are "
+                            "not finite now and are neither published nor checkpointed. Set learner.deepspeed_json="
+                            "'{\"bf16\": {\"check_grad_overflow\": true}}' to have DeepSpeed skip such steps")
 
     def _finish(self, acc: dict, mean_keys: tuple[str, ...]) -> dict:
         """Token-weighted means over all ranks; losses summed over ranks (each already a share)."""
