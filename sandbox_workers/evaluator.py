@@ -29,7 +29,7 @@ from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = "judge-5"  # judge-5: CPU inputs written in plain after the clock starts (no sealing)
+PROTOCOL_VERSION = "judge-6"  # judge-6: spiked inputs on every call; judge-5: CPU inputs written in plain after the clock starts
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
     def __init__(self, cfg, backend: str | None = None, device_key: str = "", fetch=None):
@@ -250,7 +250,7 @@ class Evaluator:
         spec = {"task_source": task_source, "backend": self.backend, "variants": variants,
                 "deadline_s": sb.eval_timeout_s, "atol": sb.atol, "rtol": sb.rtol,
                 "correctness_trials": sb.correctness_trials, "timed_check_fraction": sb.timed_check_fraction,
-                "check_centred_inputs": sb.check_centred_inputs,
+                "check_centred_inputs": sb.check_centred_inputs, "spiked_inputs": sb.spiked_inputs,
                 "max_batch_bytes": sb.max_batch_bytes, "max_batch_bytes_device": sb.max_batch_bytes_device,
                 "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
@@ -349,7 +349,7 @@ class Evaluator:
         var = judge["variants"].get("candidate") or {}
         res = dict(var, versions=judge.get("versions", {}), clock=judge.get("clock", {}),
                    phases=judge.get("phases", {}), arena=judge.get("arena", "host"),
-                   t_ref_source=judge.get("t_ref_source", ""))
+                   t_ref_source=judge.get("t_ref_source", ""), spiked_inputs=judge.get("spiked_inputs", ""))
         if not var.get("ok"):
             res["error"] = _with_log(var.get("error", "failed"), out)
             res["remote_signal"] = out.remote_signal
@@ -425,6 +425,7 @@ class Evaluator:
         res["violations"] = sorted({v.get("name", "?") for v in viol if isinstance(v, dict)})
         res["evidence"].update(violation_details=viol, checks=cand.get("checks", 0),
                                centred_check=cand.get("centred_check", ""),
+                               spiked_inputs=cand.get("spiked_inputs", ""),
                                versions=cand.get("versions", {}), clock=cand.get("clock", {}),
                                device_key=self.device_key, isolation=getattr(self.sb, "isolation", "none"),
                                remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"),

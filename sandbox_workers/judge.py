@@ -75,6 +75,7 @@ class Judge:
         self.cap_bytes = 0  # bytes one batched trial may take (0: the host arena's max_batch_bytes)
         # the worker's device gate (device_gate.py): shared around untimed device work, exclusive around timing
         self.gate = device_gate.client_from_env()
+        self.spike_plan: list | None = None  # plan_spikes(): per input, (scale, sign) or None; None: no spikes
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -114,10 +115,35 @@ class Judge:
             try:
                 with torch.device(self.device):
                     vals = list(self.get_inputs())
-                return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in vals]
+                return self._spiked([v.to(self.device) if isinstance(v, torch.Tensor) else v for v in vals])
             except Exception:  # noqa: BLE001 - a task whose get_inputs needs the CPU: fall back for good
                 self.inputs_on_device = False
-        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in self.get_inputs()]
+        return self._spiked([v.to(self.device) if isinstance(v, torch.Tensor) else v for v in self.get_inputs()])
+
+    def _spiked(self, vals: list) -> list:
+        if self.spike_plan is None:
+            return vals
+        return spiked(vals, self.spike_plan, self.rng.getrandbits(62))
+
+    def plan_spikes(self) -> str:
+        """Decide, once per session, whether every call's inputs carry spikes (see `spiked`): only where the reference
+        stays finite on them wherever it is finite on the task's own inputs. Says what was decided and why."""
+        if not self.spec.get("spiked_inputs", True):
+            return "off (sandbox.spiked_inputs)"
+        vals = self.fresh_inputs()
+        plan = spike_plan(vals)
+        if not any(plan):
+            return "off: no non-integer floating input of 2 or more elements"
+        try:
+            plain = self.reference(vals)
+            spikes = self.reference(spiked(vals, plan, self.rng.getrandbits(62)))
+        except (RuntimeError, ValueError) as exc:  # e.g. a loss that refuses values outside [0, 1]
+            return f"off: the reference refuses spiked inputs ({str(exc)[:200]})"
+        if not all(bool(torch.isfinite(b).all()) for a, b in zip(plain, spikes)
+                   if b.is_floating_point() and bool(torch.isfinite(a).all())):
+            return "off: the reference is not finite on spiked inputs"
+        self.spike_plan = plan
+        return "on"
 
     def reference(self, inputs: list) -> list:
         with torch.no_grad():
@@ -483,6 +509,49 @@ def centred(values: list) -> tuple[list, bool]:
     return out, changed
 
 
+SPIKE_EVERY = 512  # one spiked element per this many, at least one per tensor
+SPIKE_SIZE = 32.0  # a spike adds this many times the tensor's mean magnitude
+
+
+def spike_plan(values: list) -> list:
+    """Per input: (scale, sign) for a floating tensor of >= 2 elements that is not integer-valued (labels, masks,
+    +-1 targets keep their meaning), else None. sign: +1 / -1 for a sign-definite tensor (spikes keep its sign, and so
+    the op's domain), 0 for spikes of either sign."""
+    plan = []
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1 and not torch.equal(v, v.round()):
+            lo, hi = float(v.min()), float(v.max())
+            plan.append((float(v.float().abs().mean()) or 1.0, 1 if lo >= 0 else -1 if hi <= 0 else 0))
+        else:
+            plan.append(None)
+    return plan
+
+
+def spiked(values: list, plan: list, seed: int) -> list:
+    """The call's inputs with one element in every SPIKE_EVERY (at secret positions, fresh per call) pushed SPIKE_SIZE
+    mean magnitudes away. On every call, checked or timed alike, so a candidate cannot tell the calls apart: a kernel
+    that reduces a sample of its input (the MSE of every 64th element, within atol on i.i.d. inputs) misses most
+    spikes and is wrong, and finding them means reading every element, which is the honest kernel's work."""
+    out = []
+    for v, p in zip(values, plan):
+        if p is not None and isinstance(v, torch.Tensor):
+            v = v.clone(memory_format=torch.contiguous_format)
+            flat = v.view(-1)
+            g = torch.Generator(device=flat.device)
+            g.manual_seed(seed)
+            seed = (seed * 6364136223846793005 + 1442695040888963407) & ((1 << 62) - 1)
+            k = max(1, flat.numel() // SPIKE_EVERY)
+            where = torch.randint(flat.numel(), (k,), generator=g, device=flat.device)
+            size = p[0] * SPIKE_SIZE
+            if p[1]:
+                bump = torch.full((k,), size * p[1], device=flat.device)
+            else:
+                bump = (torch.randint(2, (k,), generator=g, device=flat.device) * 2 - 1).float() * size
+            flat.index_add_(0, where, bump.to(flat.dtype))
+        out.append(v)
+    return out
+
+
 def _pow2_floor(x: float) -> int:
     return 1 << max(0, int(math.floor(math.log2(max(x, 1.0)))))
 
@@ -624,6 +693,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         task = load_task(spec["task_source"])
         judge.gate.acquire(device_gate.SHARED, "reference", judge)
         judge.build_reference(task)
+        result["spiked_inputs"] = judge.plan_spikes()
         phases.mark("reference_s")
         cached = spec.get("t_ref")
         if spec.get("timing") and isinstance(cached, (int, float)) and math.isfinite(cached) and cached > 0:
