@@ -47,7 +47,8 @@ def run(args, cfg) -> int:
         if args.action == "list":
             for a in seen:
                 print(json.dumps({"version": a.version, "transport": a.transport, "layout": a.layout,
-                                  "uri": a.uri, "bytes": a.total_bytes, "sha256": a.sha256, "step": a.step}))
+                                  "uri": a.uri, "bytes": a.total_bytes, "digest": a.digest, "sha256": a.sha256,
+                                  "step": a.step}))
             return 0
         newest = max((a.version for a in seen), default=0)
         version = args.version if args.version is not None else newest + 1
@@ -74,7 +75,8 @@ def run(args, cfg) -> int:
         finally:
             producer.close()
     print(json.dumps({"model_name": model, "version": version, "transport": transport, "layout": layout,
-                      "uri": ann.uri, "bytes": ann.total_bytes, "sha256": ann.sha256}), flush=True)
+                      "uri": ann.uri, "bytes": ann.total_bytes, "digest": ann.digest, "sha256": ann.sha256}),
+          flush=True)
     if stream is not None:
         _serve_for(stream, args.serve_s)
     return 0

@@ -271,23 +271,28 @@ class WeightAnnouncement:
     """A new policy version is complete and may be applied."""
 
     KIND = "weight_announcement"
-    VERSION = 2  # 2 added layout, buckets, bucket_bytes (their defaults keep a version-1 record's meaning)
-    MIN_READER = 1  # a version-1 reader drops them and refuses a "buckets" version: its chunks match no ``files``
+    VERSION = 3  # 2 added layout, buckets, bucket_bytes (their defaults keep a version-1 record's meaning);
+    # 3 added digest (its default, "sha256", keeps an older record's meaning)
+    MIN_READER = 1  # a version-1 reader drops them and refuses a "buckets" version: its chunks match no ``files``;
+    # a reader older than 3 drops ``digest``, checks a blake3 version's hashes as sha256 and rejects it as corrupt:
+    # it fails closed (its engine stays on the version it has), so older readers may still read the record
     model_name: str
     version: int
     transport: str  # kafka | fs | nccl
     uri: str = ""  # fs: folder; kafka: topic name of the chunks
     num_chunks: int = 0
     total_bytes: int = 0
-    sha256: str = ""  # version digest: sha256 of "<name> <file sha256>\n" lines in name order
-    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 of its bytes
+    # Every hash here and in the version's WeightChunks is of ``digest``'s algorithm (cluster.weights.digest:
+    # "blake3" for new versions, "sha256" for older ones); the fields keep their sha256 names.
+    sha256: str = ""  # version digest: ``digest`` of "<name> <file digest>\n" lines in name order
+    files: dict[str, str] = field(default_factory=dict)  # file name -> ``digest`` of its bytes
     step: int = 0
     created_ms: int = field(default_factory=now_ms)
     # "files": a Hugging Face folder (above). "buckets": an ordered list of in-memory buckets (each the
     # safetensors serialisation of some of the policy's tensors, chunk file name "bucket-<i>"), loaded
-    # straight into the engine; ``files`` is empty and ``sha256`` covers the "bucket-<i> <sha256>" lines.
+    # straight into the engine; ``files`` is empty and ``sha256`` covers the "bucket-<i> <digest>" lines.
     layout: str = "files"
-    buckets: list[str] = field(default_factory=list)  # sha256 of each bucket's bytes, in order
+    buckets: list[str] = field(default_factory=list)  # ``digest`` of each bucket's bytes, in order
     bucket_bytes: list[int] = field(default_factory=list)  # each bucket's size in bytes
     # Optional delta section of a "buckets" version (learner.weight_compression "xor-delta";
     # cluster.weights.codec): besides its full buckets, bucket i encoded against bucket i of version
@@ -301,6 +306,7 @@ class WeightAnnouncement:
     delta_chunks: int = 0
     delta_base: list[int] = field(default_factory=list)
     delta_bytes: list[int] = field(default_factory=list)  # each delta entry's size on the wire
+    digest: str = "sha256"  # the algorithm of every hash above and of the chunks' (blake3 | sha256)
 
 
 @dataclass
@@ -316,7 +322,7 @@ class WeightChunk:
     file_name: str
     offset: int
     data: bytes
-    sha256: str
+    sha256: str  # of ``data``, by the algorithm its announcement's ``digest`` names
 
 
 @dataclass

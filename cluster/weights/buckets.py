@@ -4,7 +4,8 @@ A bucket is the safetensors serialisation of some of the policy's tensors (``pac
 ``bucket_bytes`` each; a tensor larger than that is a bucket of its own). The learner sends bucket i as
 WeightChunks named ``bucket-<i>`` on one partition of topics.WEIGHTS_CHUNKS (the ``files`` layout's
 Kafka scheme and URI: located by record time and key, so it survives mirroring), then announces layout
-"buckets" with every bucket's sha256 and size. An actor
+"buckets" with every bucket's hash and size (cluster.weights.digest: blake3 now, sha256 in older versions; the
+announcement's ``digest`` says which). An actor
 (``receive_buckets``) assembles one bucket at a time in memory, checks it against the announcement and
 hands it on (``receive_pipelined``: while the next one arrives); nothing touches a disk on either side.
 ``tensors_of`` turns a verified bucket back into (name, tensor) pairs for the engine's ``load_weights``.
@@ -16,7 +17,6 @@ version it received) reads the deltas when it holds their base, the full buckets
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,9 +24,9 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.weights import codec
+from cluster.weights import codec, digest
 from cluster.weights import transport as wt
-from cluster.weights.fs import WeightsCorrupt, manifest_digest
+from cluster.weights.fs import WeightsCorrupt, announced_digest, manifest_digest
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
 
@@ -87,21 +87,24 @@ def delta_key(model_name: str, version: int) -> str:
 
 
 def _send(producer, model_name: str, version: int, key: str, name: str, data: bytes, chunk_bytes: int,
-          index: int, futures: list) -> int:
-    """Send ``data`` as WeightChunks named ``name`` from chunk ``index`` on; returns the next index."""
+          index: int, futures: list, alg: str) -> int:
+    """Send ``data`` as WeightChunks named ``name`` from chunk ``index`` on (each with its ``alg`` hash); returns
+    the next index."""
     view = memoryview(data)
     for off in range(0, len(data), chunk_bytes):
         part = bytes(view[off:off + chunk_bytes])
         futures.append(producer.send(topics.WEIGHTS_CHUNKS, WeightChunk(
             model_name=model_name, version=version, index=index, count=0, file_name=name,
-            offset=off, data=part, sha256=hashlib.sha256(part).hexdigest()), key=key))
+            offset=off, data=part, sha256=digest.hexdigest(alg, part)), key=key))
         index += 1
     return index
 
 
 def publish_kafka_buckets(producer, model_name: str, version: int, buckets: Iterable[bytes], chunk_bytes: int,
-                          step: int = 0, timeout_s: float = 120.0, delta=None) -> WeightAnnouncement:
-    """Send each bucket as WeightChunks (one bucket in memory at a time); return the announcement to send.
+                          step: int = 0, timeout_s: float = 120.0, delta=None,
+                          alg: str = digest.DEFAULT) -> WeightAnnouncement:
+    """Send each bucket as WeightChunks (one bucket in memory at a time); return the announcement to send (every
+    hash of it ``alg``'s).
 
     With ``delta`` (a cluster.weights.codec.DeltaEncoder, which keeps this version's buckets as the next one's
     base), each bucket is also encoded against the same bucket of the version it last saw published; these
@@ -112,9 +115,9 @@ def publish_kafka_buckets(producer, model_name: str, version: int, buckets: Iter
     if delta is not None:
         delta.begin()
     for i, data in enumerate(buckets):
-        shas.append(hashlib.sha256(data).hexdigest())
+        shas.append(digest.hexdigest(alg, data))
         sizes.append(len(data))
-        index = _send(producer, model_name, version, key, bucket_name(i), data, chunk_bytes, index, futures)
+        index = _send(producer, model_name, version, key, bucket_name(i), data, chunk_bytes, index, futures, alg)
         if delta is not None:  # encoded while the producer's thread sends the full chunks
             entries.append(delta.entry(i, data))
     if not shas:
@@ -124,13 +127,13 @@ def publish_kafka_buckets(producer, model_name: str, version: int, buckets: Iter
         d = 0
         for i, (_, enc) in enumerate(entries):
             d = _send(producer, model_name, version, delta_key(model_name, version), delta_name(i), enc,
-                      chunk_bytes, d, futures)
+                      chunk_bytes, d, futures, alg)
     producer.flush(timeout_s)
     metas = [f.get(timeout=timeout_s) for f in futures]  # raises BusError: then nothing is announced
     uri = wt.chunks_uri(metas[0].partition, metas[0].timestamp)
     ann = WeightAnnouncement(model_name=model_name, version=version, transport="kafka", uri=uri,
-                             num_chunks=index, total_bytes=sum(sizes), sha256=bucket_digest(shas), step=step,
-                             layout="buckets", buckets=shas, bucket_bytes=sizes)
+                             num_chunks=index, total_bytes=sum(sizes), sha256=bucket_digest(shas, alg), step=step,
+                             layout="buckets", buckets=shas, bucket_bytes=sizes, digest=alg)
     if delta is not None:
         delta.commit(version, len(shas))
         _describe_deltas(ann, delta.codec, entries, metas[full:])
@@ -155,8 +158,9 @@ def wire_ratio(ann: WeightAnnouncement) -> float:
     return ann.total_bytes / sum(ann.delta_bytes) if ann.delta_bytes else 1.0
 
 
-def bucket_digest(shas: list[str]) -> str:
-    return manifest_digest({bucket_name(i): h for i, h in enumerate(shas)})
+def bucket_digest(hashes: list[str], alg: str) -> str:
+    """The version digest of a bucket list: ``alg`` over its "bucket-<i> <hash>" lines."""
+    return manifest_digest({bucket_name(i): h for i, h in enumerate(hashes)}, alg)
 
 
 # ---- receiving ----------------------------------------------------------------------------
@@ -214,7 +218,7 @@ def check_announcement(ann: WeightAnnouncement) -> None:
         raise WeightsCorrupt(f"weights v{ann.version}: layout {ann.layout!r} over {ann.transport!r} is not an "
                              "in-memory (kafka buckets) version")
     if (not ann.buckets or len(ann.buckets) != len(ann.bucket_bytes) or sum(ann.bucket_bytes) != ann.total_bytes
-            or bucket_digest(ann.buckets) != ann.sha256):
+            or bucket_digest(ann.buckets, announced_digest(ann)) != ann.sha256):
         raise WeightsCorrupt(f"weights v{ann.version}: bucket list does not match the announced digest/size")
     if (ann.delta_chunks or ann.delta_base or ann.delta_bytes) and (
             ann.delta_chunks <= 0 or len(ann.delta_base) != len(ann.buckets)
@@ -229,8 +233,9 @@ def receive_buckets(bus, ann: WeightAnnouncement, on_bucket: Callable[[int, byte
 
     With ``held`` (the receiver's copy of the last version it received, updated here): the delta section is
     read and decoded against it when it holds the base version, the full buckets otherwise; either way each
-    bucket handed on matches its announced sha256. Raises WeightsCorrupt / WeightsMissing / WeightsTimeout /
-    WeightsCancelled; buckets already handed on are then the caller's to drop. Returns the number of buckets."""
+    bucket handed on matches its announced hash (of ``ann.digest``'s algorithm). Raises WeightsCorrupt /
+    WeightsMissing / WeightsTimeout / WeightsCancelled; buckets already handed on are then the caller's to drop.
+    Returns the number of buckets."""
     check_announcement(ann)
     sec = _deltas(ann) if held is not None and held.can_decode(ann) else _full(ann)
     wait_s = min(timeout_s, wt.ARRIVAL_WAIT_S)
@@ -240,8 +245,8 @@ def receive_buckets(bus, ann: WeightAnnouncement, on_bucket: Callable[[int, byte
     def finish(i: int, data: bytes) -> None:
         if sec.delta and ann.delta_base[i] >= 0:
             data = codec.decode(data, held.buckets[i], ann.delta_codec)
-        if hashlib.sha256(data).hexdigest() != ann.buckets[i]:
-            raise WeightsCorrupt(f"weights v{ann.version}: bucket {i} fails its announced sha256"
+        if digest.hexdigest(ann.digest, data) != ann.buckets[i]:
+            raise WeightsCorrupt(f"weights v{ann.version}: bucket {i} fails its announced {ann.digest}"
                                  + (" (decoded from its delta)" if sec.delta else ""))
         log.debug("weights v%d: bucket %d/%d verified", ann.version, i + 1, len(ann.buckets))
         if held is not None:
@@ -343,5 +348,5 @@ def _check_chunk(c: WeightChunk, ann: WeightAnnouncement, sec: _Section, nxt: in
                              f"{sec.names[min(entry, len(sec.names) - 1)]}@{have}")
     if have + len(c.data) > sec.sizes[entry]:
         raise WeightsCorrupt(f"weights v{ann.version}: {sec.names[entry]} is longer than announced")
-    if hashlib.sha256(c.data).hexdigest() != c.sha256:
-        raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its sha256")
+    if digest.hexdigest(ann.digest, c.data) != c.sha256:
+        raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its {ann.digest}")

@@ -10,8 +10,8 @@ zstd-1 is written (``CODEC``); ``encode(shuffle=False)`` exists for that compari
 
 Delta or full, per bucket: a bucket is encoded only when its safetensors header is byte-identical to the base
 bucket's (same names, dtypes, shapes and offsets: then the byte positions line up), otherwise it is sent whole.
-The decoded bytes are checked against the full bucket's sha256 by the caller, so a wrong base, a corrupt delta
-or a codec bug can never be loaded.
+The decoded bytes are checked against the full bucket's announced hash by the caller, so a wrong base, a corrupt
+delta or a codec bug can never be loaded.
 
 Why every version still carries its full buckets (cluster.weights.buckets sends the delta section in addition,
 learner.weight_compression = "xor-delta"): an actor decodes a delta only when it holds exactly the base
@@ -105,7 +105,7 @@ def encode(new: bytes, base: bytes, shuffle: bool = True, level: int = 1) -> byt
 
 
 def decode(delta: bytes, base: bytes, codec: str = CODEC) -> bytes:
-    """The bucket ``delta`` encodes against ``base``; the caller checks it against the announced sha256."""
+    """The bucket ``delta`` encodes against ``base``; the caller checks it against the announced hash."""
     import zstandard
 
     if codec not in (CODEC, PLAIN):

@@ -2,13 +2,13 @@
 
 The shared ground of cluster.weights.transport (kafka/fs) and cluster.weights.stream (nccl), which both
 import it (and nothing of each other's but the stream receiver): a version lives in
-``<root>/<model>/v<version>`` with a ``MANIFEST.json``; its digest is a sha256 over the
-"<name> <file sha256>" lines in name order; a folder is published by writing a temporary folder, fsyncing
-and renaming it, so a half-written version is never seen.
+``<root>/<model>/v<version>`` with a ``MANIFEST.json``; its digest is a hash over the
+"<name> <file hash>" lines in name order, all of the algorithm the manifest's "digest" names
+(cluster.weights.digest: blake3 for what is published now; a manifest without it is sha256); a folder is
+published by writing a temporary folder, fsyncing and renaming it, so a half-written version is never seen.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from cluster.errors import KernelRLError
+from cluster.weights import digest
 from schemas.messages import WeightAnnouncement
 
 MANIFEST = "MANIFEST.json"
@@ -50,48 +51,53 @@ def version_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
 
 
-def _sha_file(path: Path, bufsize: int = 8 << 20) -> str:
-    h = hashlib.sha256()
+def announced_digest(ann: WeightAnnouncement) -> str:
+    """The algorithm of ``ann``'s hashes; one this kernelrl does not know makes the version corrupt (never applied)."""
+    try:
+        return digest.check(ann.digest)
+    except ValueError as exc:
+        raise WeightsCorrupt(f"weights v{ann.version}: {exc}") from None
+
+
+def _hash_file(path: Path, alg: str, bufsize: int = 8 << 20) -> str:
+    h = digest.hasher(alg)
     with open(path, "rb") as f:
         while block := f.read(bufsize):
             h.update(block)
     return h.hexdigest()
 
 
-def manifest_digest(files: dict[str, str]) -> str:
-    """The version's digest: sha256 over "<name> <sha256>" lines in name order (covers every byte)."""
-    return hashlib.sha256("".join(f"{n} {h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
+def manifest_digest(files: dict[str, str], alg: str) -> str:
+    """The version's digest: ``alg`` over "<name> <file digest>" lines in name order (covers every byte)."""
+    return digest.hexdigest(alg, "".join(f"{n} {h}\n" for n, h in sorted(files.items())).encode())
 
 
-def folder_digest(folder: str | os.PathLike) -> tuple[dict[str, str], str, int]:
-    """(file name -> sha256, manifest digest, total bytes)."""
+def folder_digest(folder: str | os.PathLike, alg: str) -> tuple[dict[str, str], str, int]:
+    """(file name -> ``alg`` digest, manifest digest, total bytes)."""
     per_file, total = {}, 0
     for p in version_files(Path(folder)):
-        per_file[p.name] = _sha_file(p)
+        per_file[p.name] = _hash_file(p, alg)
         total += p.stat().st_size
-    return per_file, manifest_digest(per_file), total
+    return per_file, manifest_digest(per_file, alg), total
 
 
 def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: str | os.PathLike,
-               step: int = 0) -> WeightAnnouncement:
-    """Copy ``folder`` into <root>/<model>/v<version> atomically (tmp + rename), with a manifest."""
+               step: int = 0, alg: str = digest.DEFAULT) -> WeightAnnouncement:
+    """Copy ``folder`` into <root>/<model>/v<version> atomically (tmp + rename), with a manifest; every hash of
+    the version is ``alg``'s."""
     dest = version_dir(root, model_name, version)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:08d}.", dir=dest.parent))
     try:
         per_file, total = {}, 0
         for p in version_files(Path(folder)):
-            per_file[p.name], n = _copy_hashing(p, tmp / p.name)
+            per_file[p.name], n = _copy_hashing(p, tmp / p.name, alg)
             total += n
-        whole = manifest_digest(per_file)
         ann = WeightAnnouncement(model_name=model_name, version=version, transport="fs",
                                  uri=str(dest.resolve()), num_chunks=len(per_file), total_bytes=total,
-                                 sha256=whole, files=per_file, step=step)
+                                 sha256=manifest_digest(per_file, alg), files=per_file, step=step, digest=alg)
         if dest.exists():
-            have = json.loads((dest / MANIFEST).read_text())
-            if have.get("sha256") != whole:
-                raise WeightsCorrupt(f"{dest} already holds different bytes for version {version}: versions "
-                                     "must not be reused")
+            _check_reuse(dest, folder, ann)
             return ann
         _write_manifest(tmp, ann)
         os.rename(tmp, dest)
@@ -101,8 +107,20 @@ def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: s
     return ann
 
 
-def _copy_hashing(src: Path, dst: Path, bufsize: int = 8 << 20) -> tuple[str, int]:
-    h, n = hashlib.sha256(), 0
+def _check_reuse(dest: Path, folder: str | os.PathLike, ann: WeightAnnouncement) -> None:
+    """A version already under ``dest`` must hold ``folder``'s bytes (compared by its manifest's algorithm)."""
+    have = json.loads((dest / MANIFEST).read_text())
+    alg = have.get("digest", digest.SHA256)
+    if alg not in digest.ALGORITHMS:
+        raise WeightsCorrupt(f"{dest}: its manifest's digest algorithm {alg!r} is unknown")
+    whole = ann.sha256 if alg == ann.digest else folder_digest(folder, alg)[1]
+    if have.get("sha256") != whole:
+        raise WeightsCorrupt(f"{dest} already holds different bytes for version {ann.version}: versions "
+                             "must not be reused")
+
+
+def _copy_hashing(src: Path, dst: Path, alg: str, bufsize: int = 8 << 20) -> tuple[str, int]:
+    h, n = digest.hasher(alg), 0
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         while block := fi.read(bufsize):
             h.update(block)
@@ -116,13 +134,14 @@ def _copy_hashing(src: Path, dst: Path, bufsize: int = 8 << 20) -> tuple[str, in
 def _write_manifest(folder: Path, ann: WeightAnnouncement) -> None:
     with open(folder / MANIFEST, "w") as f:
         json.dump({"model_name": ann.model_name, "version": ann.version, "files": ann.files,
-                   "sha256": ann.sha256, "total_bytes": ann.total_bytes}, f)
+                   "sha256": ann.sha256, "digest": ann.digest, "total_bytes": ann.total_bytes}, f)
         f.flush()
         os.fsync(f.fileno())
 
 
 def existing_fs(root: str | os.PathLike, model_name: str, version: int, step: int = 0) -> WeightAnnouncement | None:
-    """The announcement of a version already complete under ``root`` (after a restart), else None."""
+    """The announcement of a version already complete under ``root`` (after a restart), else None; its hashes
+    are of the manifest's algorithm (sha256 for a manifest written before it named one)."""
     dest = version_dir(root, model_name, version)
     try:
         have = json.loads((dest / MANIFEST).read_text())
@@ -130,7 +149,8 @@ def existing_fs(root: str | os.PathLike, model_name: str, version: int, step: in
         return None
     return WeightAnnouncement(model_name=model_name, version=version, transport="fs", uri=str(dest.resolve()),
                               num_chunks=len(have["files"]), total_bytes=int(have["total_bytes"]),
-                              sha256=have["sha256"], files=dict(have["files"]), step=step)
+                              sha256=have["sha256"], files=dict(have["files"]), step=step,
+                              digest=have.get("digest", digest.SHA256))
 
 
 def _fsync(path: Path) -> None:
@@ -149,7 +169,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def verify_folder(folder: str | os.PathLike, ann: WeightAnnouncement) -> None:
-    per_file, whole, total = folder_digest(folder)
+    """``folder`` holds exactly the announced files (hashed by the announcement's algorithm), or WeightsCorrupt."""
+    per_file, whole, total = folder_digest(folder, announced_digest(ann))
     if per_file != ann.files or whole != ann.sha256 or total != ann.total_bytes:
         bad = sorted(n for n in set(per_file) | set(ann.files) if per_file.get(n) != ann.files.get(n))
         raise WeightsCorrupt(f"weights v{ann.version} at {folder}: checksum mismatch (files {bad or 'all'})")

@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from cluster.weights import digest
 from cluster.weights import fs as wfs
 from cluster.errors import KernelRLError, RetriableError, SetupError
 from schemas.messages import WeightAnnouncement
@@ -353,15 +354,15 @@ def server_from_config(cfg) -> WeightStreamServer:
 
 # ---- receiving ----------------------------------------------------------------------------
 def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict[str, str]:
-    """Receive the announced version's files into ``tmp``; returns file name -> sha256 of what arrived."""
-    import hashlib
-
+    """Receive the announced version's files into ``tmp``; returns file name -> hash of what arrived (by the
+    announcement's algorithm)."""
     import torch
     import torch.distributed as dist
 
     m = _URI.match(ann.uri)
     if not m:
         raise KernelRLError(f"weights v{ann.version}: bad nccl uri {ann.uri!r}")
+    alg = wfs.announced_digest(ann)
     host = m["host"].strip("[]")
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
@@ -391,7 +392,7 @@ def receive_stream(ann: WeightAnnouncement, tmp: Path, timeout_s: float) -> dict
         for name, size in header["files"]:
             if "/" in name or name.startswith(".") or name in hashes:
                 raise KernelRLError(f"weights v{ann.version}: unexpected file {name!r}")
-            h = hashlib.sha256()
+            h = digest.hasher(alg)
             with open(tmp / name, "wb") as f:
                 left = int(size)
                 while left > 0:

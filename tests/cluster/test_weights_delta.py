@@ -1,7 +1,7 @@
 """Delta-compressed in-memory versions (learner.weight_compression = "xor-delta", cluster.weights.codec): the
 codec round-trips bytes exactly and sends a changed tensor list whole; on the real broker a receiver holding
 v1 reads v2's delta section and gets v2 bit-for-bit, one without v1 reads v2's full buckets; a corrupt delta is
-refused by its sha256 and the actor keeps its old version, then takes the next one in full."""
+refused by its hash (blake3) and the actor keeps its old version, then takes the next one in full."""
 from __future__ import annotations
 
 import hashlib
@@ -97,7 +97,7 @@ def test_weight_compression_is_validated():
 # ---- on the broker ------------------------------------------------------------------------------
 class _FlippingEncoder(codec.DeltaEncoder):
     """A learner whose delta of bucket 0 has one byte flipped inside a valid zstd frame (its size, and so the
-    announcement and every chunk checksum, consistent): only the decoded bucket's sha256 can catch it."""
+    announcement and every chunk checksum, consistent): only the decoded bucket's hash can catch it."""
 
     def entry(self, i: int, data: bytes):
         import zstandard
@@ -221,7 +221,7 @@ def test_actor_refuses_a_corrupt_delta_keeps_its_version_then_takes_the_next_in_
             enc.__class__ = codec.DeltaEncoder
             _wait(lambda: any("v3" in e for e in follower.errors), "the corrupt v3 refused")
             assert engine.version == 2 and _same(engine.tensors[2], states[2])
-            assert "bucket 0 fails its announced sha256 (decoded from its delta)" in follower.errors[-1]
+            assert "bucket 0 fails its announced blake3 (decoded from its delta)" in follower.errors[-1]
             assert "given up" in follower.errors[-1] and engine.staged == {}
             a4 = _publish(cfg, prod, enc, 4, states[4])  # a delta against v3, which this actor lacks
             assert set(a4.delta_base) == {3} and not follower.held.can_decode(a4)

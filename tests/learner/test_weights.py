@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import pytest
 
 from cluster.weights import transport as wt
@@ -68,8 +69,9 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         want = _bytes(ref)
         assert _bytes(got_k) == want and _bytes(got_f) == want and _bytes(got_s) == want
         assert "model.safetensors" in want and "tokenizer.json" in want
-        lines = "".join(f"{n} {hashlib.sha256(b).hexdigest()}\n" for n, b in sorted(want.items()))
-        assert ann_k.sha256 == ann_f.sha256 == ann_s.sha256 == hashlib.sha256(lines.encode()).hexdigest()
+        lines = "".join(f"{n} {blake3.blake3(b).hexdigest()}\n" for n, b in sorted(want.items()))
+        assert ann_k.digest == ann_f.digest == ann_s.digest == "blake3"
+        assert ann_k.sha256 == ann_f.sha256 == ann_s.sha256 == blake3.blake3(lines.encode()).hexdigest()
         # what the actors load is the trained policy
         loaded = AutoModelForCausalLM.from_pretrained(str(got_k), dtype=torch.float32)
         for name, p in tr.policy_module().named_parameters():
@@ -130,7 +132,7 @@ def test_half_sent_or_corrupt_version_is_never_materialised(cfg, tmp_path):
         files = {"config.json": hashlib.sha256(b"{}").hexdigest()}
         bad = WeightAnnouncement(model_name="policy", version=8, transport="kafka",
                                  uri=f"kafka://{topics.WEIGHTS_CHUNKS}/{meta.partition}@{meta.offset}", num_chunks=1,
-                                 total_bytes=2, sha256=wt.manifest_digest(files), files=files)
+                                 total_bytes=2, sha256=wt.manifest_digest(files, "sha256"), files=files)
         with pytest.raises(wt.WeightsCorrupt):
             wt.receive(bus, bad, tmp_path / "recv", timeout_s=5)
         assert not wt.version_dir(tmp_path / "recv", "policy", 7).exists()
