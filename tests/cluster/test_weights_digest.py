@@ -175,8 +175,9 @@ def test_buckets_blake3_verified_corrupt_refused_sha256_still_accepted(cfg):
             # a reader older than schema 3 drops ``digest`` and checks as sha256: it refuses the version
             with pytest.raises(WeightsCorrupt, match="does not match the announced digest"):
                 _receive(bus, dataclasses.replace(ann, digest="sha256"))
+            # a blake3 version's chunks carry no hash: a corrupt one is caught by its bucket's
             bad = wb.publish_kafka_buckets(_Corrupting(prod, 6, rehash=False), "p", 2, BUCKETS, chunk_bytes=65536)
-            with pytest.raises(WeightsCorrupt, match="chunk 6 fails its blake3"):
+            with pytest.raises(WeightsCorrupt, match="bucket 1 fails its announced blake3"):
                 _receive(bus, bad)
             forged = wb.publish_kafka_buckets(_Corrupting(prod, 6, rehash=True), "p", 3, BUCKETS, chunk_bytes=65536)
             with pytest.raises(WeightsCorrupt, match="bucket 1 fails its announced blake3"):
@@ -184,6 +185,11 @@ def test_buckets_blake3_verified_corrupt_refused_sha256_still_accepted(cfg):
             old = wb.publish_kafka_buckets(prod, "p", 4, BUCKETS, chunk_bytes=65536, alg="sha256")
             assert old.buckets[0] == hashlib.sha256(BUCKETS[0]).hexdigest()
             assert _receive(bus, old) == BUCKETS
+            # a sha256 version keeps its per-chunk hashes (older readers check them): a corrupt chunk names itself
+            old_bad = wb.publish_kafka_buckets(_Corrupting(prod, 6, rehash=False), "p", 5, BUCKETS, chunk_bytes=65536,
+                                               alg="sha256")
+            with pytest.raises(WeightsCorrupt, match="chunk 6 fails its sha256"):
+                _receive(bus, old_bad)
         finally:
             prod.close()
 
