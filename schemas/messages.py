@@ -283,7 +283,8 @@ class WeightAnnouncement:
     num_chunks: int = 0
     total_bytes: int = 0
     # Every hash here and in the version's WeightChunks is of ``digest``'s algorithm (cluster.weights.digest:
-    # "blake3" for new versions, "sha256" for older ones); the fields keep their sha256 names.
+    # "blake3" for new versions, "sha256" for older ones); the fields keep their sha256 names. A blake3 "buckets"
+    # version's chunks carry no hash (""): each bucket is checked whole against ``buckets``.
     sha256: str = ""  # version digest: ``digest`` of "<name> <file digest>\n" lines in name order
     files: dict[str, str] = field(default_factory=dict)  # file name -> ``digest`` of its bytes
     step: int = 0

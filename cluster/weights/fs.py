@@ -110,9 +110,10 @@ def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: s
 def _check_reuse(dest: Path, folder: str | os.PathLike, ann: WeightAnnouncement) -> None:
     """A version already under ``dest`` must hold ``folder``'s bytes (compared by its manifest's algorithm)."""
     have = json.loads((dest / MANIFEST).read_text())
-    alg = have.get("digest", digest.SHA256)
-    if alg not in digest.ALGORITHMS:
-        raise WeightsCorrupt(f"{dest}: its manifest's digest algorithm {alg!r} is unknown")
+    try:
+        alg = digest.check(have.get("digest", digest.SHA256))
+    except ValueError as exc:
+        raise WeightsCorrupt(f"{dest}: its manifest: {exc}") from None
     whole = ann.sha256 if alg == ann.digest else folder_digest(folder, alg)[1]
     if have.get("sha256") != whole:
         raise WeightsCorrupt(f"{dest} already holds different bytes for version {ann.version}: versions "
