@@ -31,14 +31,21 @@ def add_arguments(p) -> None:
                    help="with --workers: cores of each CPU evaluation worker (default: (allowed cores - 1) // largest "
                         "count, at least 1: one core left to the broker, compile worker and load generator)")
     p.add_argument("--compile-workers", type=int, default=1, help="with --workers: compile workers per step")
+    p.add_argument("--in-flight", type=int, default=0,
+                   help="closed loop instead of --rate: this many requests kept in flight per partition of the evaluate "
+                        "topic (a saturating load without a backlog)")
+    p.add_argument("--warmup", action="store_true",
+                   help="first one evaluation per partition, all answered, not counted (warm pools, caches)")
+    p.add_argument("--raw-timeline", default="", metavar="FILE",
+                   help="write every gate hold, request time and GPU sample of the run to FILE (JSON)")
     p.add_argument("--json", action="store_true")
 
 
 def run(args, cfg) -> int:
     from cluster.errors import KernelRLError
 
-    if args.rate <= 0 or args.duration <= 0:
-        raise KernelRLError("--rate and --duration must be > 0")
+    if args.rate <= 0 or args.duration <= 0 or args.in_flight < 0:
+        raise KernelRLError("--rate and --duration must be > 0, --in-flight >= 0")
     for name in _PROGRESS_LOGGERS:
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() > logging.INFO:
@@ -54,10 +61,10 @@ def run(args, cfg) -> int:
 
 def _flood(args, cfg, backend: str) -> dict:
     from sandbox_workers.stress import run_stress
-
     return run_stress(cfg, backend, args.duration, args.rate, args.tasks or None,
                       0.5 if args.eval_fraction is None else args.eval_fraction, args.cache_hits,
-                      timeout_s=args.timeout, examples=args.examples)
+                      timeout_s=args.timeout, examples=args.examples, closed_loop=args.in_flight,
+                      warmup_every_partition=args.warmup, raw_timeline=args.raw_timeline)
 
 
 def _scaling(args, cfg, backend: str) -> dict:

@@ -5,8 +5,10 @@ footprint task-specific (level-1 19_ReLU holds ~25 GB: the judge's inputs, expec
 and four such jobs on an 80 GB H100 ran out of memory (docs/oracle-gpu.md, "Through Kafka"). Each job's need is
 what the trusted judges of its task's last job reported (their own peak device memory and arena: never a number
 from candidate code; the evaluator keeps it beside the task's baselines); a task not seen yet runs alone, and a
-job that ran out of memory next to others runs again alone. Jobs are admitted in arrival order: one that does not
-fit yet waits, and so do the jobs behind it (a large job is never starved by small ones).
+job that ran out of memory next to others runs again alone. Jobs are admitted in arrival order, with bounded
+backfilling: while the oldest waiting job does not fit, a later one that does may go first, at most BACKFILL of them
+per oldest job (so a large job waits for at most that many small ones, and the device is not left to one large job
+while small ones queue behind another: the GPU's idle gaps of docs/oracle-gpu.md "Session 17").
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 GB = 1 << 30
 MARGIN = 1.25  # a candidate's own allocations come on top of its judge's report (and are not trusted anyway)
 CONTEXT_BYTES = 1 << 30  # the two CUDA contexts (judge and model process) of a session
+BACKFILL = 4  # later jobs admitted ahead of the oldest waiting one while it does not fit
 
 
 class MemoryBudget:
@@ -31,6 +34,8 @@ class MemoryBudget:
         self._in_use = 0
         self._jobs = 0
         self._queue: list[int] = []  # tickets waiting, oldest first
+        self._wants: dict[int, int] = {}  # ticket -> bytes it asks for
+        self._passed = 0  # jobs admitted ahead of the oldest waiting one (backfilled)
         self._next = 0
         self._need: dict[str, int] = {}  # task key -> bytes one job of it holds (learned)
 
@@ -62,14 +67,18 @@ class MemoryBudget:
             ticket = self._next
             self._next += 1
             self._queue.append(ticket)
-            while not (self._queue[0] == ticket and (self._jobs == 0 or self._in_use + want <= self.total)):
+            self._wants[ticket] = want
+            while not self._may_enter(ticket):
                 self._cv.wait()
-            self._queue.pop(0)
+            backfilled = self._queue[0] != ticket
+            self._passed = self._passed + 1 if backfilled else 0
+            self._queue.remove(ticket)
+            del self._wants[ticket]
             self._in_use += want
             self._jobs += 1
             self._cv.notify_all()  # the next in line may fit too
         granted = time.monotonic()
-        rec = {"need_bytes": None if need is None else int(need), "alone": alone,
+        rec = {"need_bytes": None if need is None else int(need), "alone": alone, "backfilled": backfilled,
                "waited_s": round(granted - t0, 6), "budget_bytes": self.total, "t0": granted}
         try:
             yield rec
@@ -79,6 +88,27 @@ class MemoryBudget:
                 self._in_use -= want
                 self._jobs -= 1
                 self._cv.notify_all()
+
+
+    def _fits(self, ticket: int) -> bool:
+        return self._jobs == 0 or self._in_use + self._wants[ticket] <= self.total
+
+    def _may_enter(self, ticket: int) -> bool:
+        """(lock held) The oldest waiting job enters when it fits; a later one when it fits, the oldest does not,
+        fewer than BACKFILL have passed the oldest, and no job between them fits (arrival order among the rest)."""
+        if not self._fits(ticket):
+            return False
+        head = self._queue[0]
+        if head == ticket:
+            return True
+        if self._fits(head) or self._passed >= BACKFILL:
+            return False
+        for t in self._queue[1:]:
+            if t == ticket:
+                return True
+            if self._fits(t):
+                return False
+        return False
 
 
 def device_total_bytes(backend: str) -> int:

@@ -25,6 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from sandbox_workers import compiler, cpuset, device_gate, device_memory, formats, guards, workspace
+from cluster.config import jobs_for
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
@@ -48,7 +49,7 @@ class Evaluator:
         self._ready: dict[str, list[Session]] = {}  # role -> started sessions waiting for their jobs, oldest first
         # jobs evaluated at once on this device (threads calling evaluate()); their timed phases stay exclusive
         # through the device's gate, which freezes the other jobs' sessions while one is timed (device_gate.py)
-        self.jobs = max(1, int(getattr(self.sb, "jobs_per_device", 1)))
+        self.jobs = max(1, jobs_for(self.sb, self.backend))
         cuda = self.backend == "cuda"
         self.gate = device_gate.for_device(self.device_key, freeze=self.jobs > 1, nvml=cuda,
                                            idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0)

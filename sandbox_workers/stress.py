@@ -10,6 +10,7 @@ for repeats, so they really build.
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import random
 import re
@@ -19,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sandbox_workers import workspace
+from sandbox_workers import stress_timeline, workspace
 from sandbox_workers.stress_load import Progress, closed_loop as run_closed, open_loop, partition_keys, \
     topic_partitions, warm_up
 
@@ -101,11 +102,15 @@ def _pct(xs: list[float], q: float) -> float:
 def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str | None = None,
                eval_fraction: float = 0.5, cache_hits: float = 0.0, concurrency: int = 64,
                timeout_s: float = 600.0, examples: str = "*", closed_loop: int = 0,
-               warmup_partitions: tuple[int, ...] = ()) -> dict:
+               warmup_partitions: tuple[int, ...] = (), warmup_every_partition: bool = False,
+               raw_timeline: str = "") -> dict:
     """Open loop at ``rate`` requests/s; or, with ``closed_loop`` > 0, that many requests kept in flight on every
     partition of the evaluate topic (a saturating load that never builds a backlog). ``warmup_partitions``: one
-    evaluation sent to each, all answered before the clock starts (and not counted)."""
+    evaluation sent to each, all answered before the clock starts (and not counted); ``warmup_every_partition``:
+    to each partition of the evaluate topic. ``raw_timeline``: a file to write the gate holds, the requests'
+    send/answer times and the NVML samples to (JSON), for a closer look than the report's `timeline`."""
     from cluster.bus.client import Bus, RequestClient
+    from cluster.config import jobs_for
     from schemas import topics
     from schemas.messages import CompileRequest, EvaluateRequest, RequestHeader
 
@@ -122,6 +127,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     counts = {"sent": 0, "ok": 0, "failed": 0, "timeouts": 0, "rewards": {}, "baselines_measured": 0,
               "t_ref_source": {}}
     gpu = _GpuSampler() if backend == "cuda" else None
+    trial: dict[str, list[float]] = {}  # where a timed trial's wall went, per evaluation (timed_trial)
+    holds: list[dict] = []  # every evaluation's device-gate holds (evidence.gate), for the timeline
+    events: list[tuple[float, int]] = []  # (time, +1) an evaluation sent, (time, -1) answered or lost
     lag_max = {"compile": 0, "evaluate": 0}
 
     def one(kind: str, i: int, key: str | None = None, record: bool = True) -> bool:
@@ -130,6 +138,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
         with lock:  # the generator is shared by the sender threads
             salt = f"{i}" if rng.random() >= cache_hits else "0"
         t0 = time.monotonic()
+        if kind == "evaluate" and record:
+            with lock:
+                events.append((t0, 1))
         try:
             if kind == "compile":
                 msg = CompileRequest(header=RequestHeader(), episode_id=f"stress-{i}", files=_salted(files, salt),
@@ -144,6 +155,8 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
         except Exception as exc:  # noqa: BLE001 - a lost request is a data point, not a crash of the tool
             if record:
                 with lock:
+                    if kind == "evaluate":
+                        events.append((time.monotonic(), -1))
                     counts["timeouts" if "imeout" in type(exc).__name__ else "failed"] += 1
             else:
                 log.warning("warm-up request %d failed: %s: %s", i, type(exc).__name__, exc)
@@ -156,6 +169,11 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
             counts["ok" if ok else "failed"] += 1
             busy[reply.worker] = busy.get(reply.worker, 0.0) + float(reply.duration_s)
             if kind == "evaluate":
+                events.append((t0 + lat, -1))
+                holds.extend(h for h in (reply.evidence or {}).get("gate") or [] if isinstance(h, dict))
+                cand = (reply.timings or {}).get("candidate") or {}
+                for name, sec in timed_trial(cand).items():
+                    trial.setdefault(name, []).append(sec)
                 counts["rewards"][str(reply.reward)] = counts["rewards"].get(str(reply.reward), 0) + 1
                 phases.setdefault("queue_s", []).append(max(0.0, lat - float(reply.duration_s)))
                 counts["baselines_measured"] += (reply.evidence or {}).get("baseline_cached") is False
@@ -165,7 +183,10 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
                     phases.setdefault(name, []).append(sec)
         return True
 
-    keys = partition_keys(topic_partitions(bus, topics.evaluate_topic(backend))) if closed_loop or warmup_partitions else []
+    want_keys = closed_loop or warmup_partitions or warmup_every_partition
+    keys = partition_keys(topic_partitions(bus, topics.evaluate_topic(backend))) if want_keys else []
+    if warmup_every_partition:
+        warmup_partitions = tuple(range(len(keys)))
     warm = warm_up(one, [keys[p % len(keys)] for p in warmup_partitions])
     progress = Progress(duration_s, rec, counts)
     t_start = time.monotonic()
@@ -184,7 +205,7 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     bus.close()
     done = len(rec["compile"]) + len(rec["evaluate"])
     out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "tasks": len(pairs),
-           "jobs_per_device": cfg.sandbox.jobs_per_device,
+           "jobs_per_device": jobs_for(cfg.sandbox, backend),
            **({"mode": "closed", "in_flight": closed_loop * len(keys)} if closed_loop else {"mode": "open", "rate": rate}),
            "warmup": warm,
            **{k: v for k, v in counts.items()}, "throughput_per_s": done / wall if wall else 0.0,
@@ -195,9 +216,31 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
                      "mean_s": statistics.fmean(xs) if xs else 0.0}
     out["evaluate_phases"] = {name: {"n": len(xs), "p50_s": _pct(xs, 0.5), "p99_s": _pct(xs, 0.99)}
                               for name, xs in sorted(phases.items())}
+    out["timed_trial"] = {name: {"n": len(xs), "p50_s": _pct(xs, 0.5), "p99_s": _pct(xs, 0.99)}
+                          for name, xs in sorted(trial.items())}
     out["evaluations_per_min"] = len(rec["evaluate"]) / wall * 60 if wall else 0.0
     if gpu is not None:
         out["gpu_busy"] = gpu.stop()
+    if raw_timeline:
+        Path(raw_timeline).write_text(json.dumps({"holds": holds, "events": events,
+                                                  "samples": gpu.samples if gpu is not None else []}))
+    out["timeline"] = stress_timeline.report(gpu.samples if gpu is not None else [], holds, events,
+                                             jobs_for(cfg.sandbox, backend))
+    return out
+
+
+def timed_trial(cand: dict) -> dict[str, float]:
+    """One evaluation's median timed trial, split: the judge's preparation (fresh inputs, expected outputs, sealing),
+    staging, the cache flush, the run round trip (of which the candidate's claimed calls), the snapshot and the
+    comparison; the trials and calls per trial (from the candidate's timing summary)."""
+    tr = cand.get("trusted") or {}
+    if not tr or not isinstance(cand.get("median_s"), (int, float)):
+        return {}
+    out = {k: float(tr[k]) for k in ("prep_s", "stage_s", "flush_s", "run_s", "snapshot_s", "check_s")
+           if isinstance(tr.get(k), (int, float))}
+    out["claimed_calls_s"] = float(cand["median_s"]) * int(cand.get("batch") or 1)
+    out["trials"] = float(cand.get("n") or 0)
+    out["batch"] = float(cand.get("batch") or 1)
     return out
 
 
@@ -248,14 +291,15 @@ class _GpuSampler:
             pynvml.nvmlInit()
             hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
             while not self._stop.wait(0.2):
-                self.samples.append(statistics.fmean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in hs))
+                util = statistics.fmean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in hs)
+                self.samples.append((time.monotonic(), util))
         except Exception as exc:  # noqa: BLE001 - no NVML: report nothing
             log.warning("GPU sampling unavailable: %s", exc)
 
     def stop(self) -> dict:
         self._stop.set()
         self._t.join(timeout=5)
-        xs = self.samples
+        xs = [u for _, u in self.samples]
         return {"mean_util_pct": statistics.fmean(xs) if xs else None, "n": len(xs), "interval_s": 0.2,
                 "busy_fraction": statistics.fmean(x / 100.0 for x in xs) if xs else None,
                 "nonidle_fraction": sum(x > 0 for x in xs) / len(xs) if xs else None}

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from cluster.config import jobs_for
 from cluster.errors import KernelRLError
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def _step(cfg, backend: str, n: int, prefix: str, run_dir: Path, plan: dict | No
         # two in flight per worker: one running, one queued behind it (so no gap between jobs), and a drain of at
         # most two jobs per worker after the duration; a worker running sandbox.jobs_per_device jobs at once gets
         # one more than that in flight
-        in_flight = max(IN_FLIGHT_PER_WORKER, step_cfg.sandbox.jobs_per_device + 1)
+        in_flight = max(IN_FLIGHT_PER_WORKER, jobs_for(step_cfg.sandbox, backend) + 1)
         report = run_stress(step_cfg, backend, duration_s, rate=1.0, closed_loop=in_flight,
                             warmup_partitions=tuple(range(n)), **load)
     finally:

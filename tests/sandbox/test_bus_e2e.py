@@ -115,6 +115,14 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     # every evaluation says where its reference time came from (its own session, or the task's cached baselines)
     srcs = report["t_ref_source"]
     assert sum(srcs.values()) == report["evaluate"]["n"] and set(srcs) <= {"measured", "baselines"}, srcs
+    # the device timeline from the evaluations' gate holds (no NVML here: no utilisation figures)
+    tl = report["timeline"]
+    assert tl["saturated_s"] > 0 and tl["exclusive_holds"] >= report["evaluate"]["n"], tl
+    assert 0 < tl["exclusive_share"] <= 1 and "candidate.timing" in tl["exclusive_share_by_phase"], tl
+    # a timed trial's wall, split: the judge's preparation and check around the candidate's run round trip
+    trial = report["timed_trial"]
+    assert trial["run_s"]["p50_s"] >= trial["claimed_calls_s"]["p50_s"] > 0 and trial["trials"]["p50_s"] >= 5, trial
+    assert trial["prep_s"]["p50_s"] > 0 and trial["check_s"]["p50_s"] > 0, trial
     for name in ("queue_s", "artifact_s", "candidate_s", "candidate.judge_start_s", "candidate.candidate.verify_s"):
         assert phases[name]["n"] >= 1 and phases[name]["p99_s"] >= phases[name]["p50_s"] >= 0, (name, phases)
     for role, p in procs.items():

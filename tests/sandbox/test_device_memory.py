@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sandbox_workers.device_memory import CONTEXT_BYTES, GB, MARGIN, MemoryBudget, budget_for
+from sandbox_workers.device_memory import BACKFILL, CONTEXT_BYTES, GB, MARGIN, MemoryBudget, budget_for
 from tests.sandbox.conftest import fast_cfg, isolated_cfg
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 from tests.sandbox.redteam_cases import CALL, fwd
@@ -32,23 +32,46 @@ def _wait_for(cond, timeout=5.0):
     return cond()
 
 
-def test_jobs_that_fit_run_together_and_one_that_does_not_waits_in_order():
+def test_jobs_that_fit_run_together_and_one_that_does_not_waits_while_small_ones_backfill():
     b = MemoryBudget(10 * GB)
     order, r1, r2, r3 = [], threading.Event(), threading.Event(), threading.Event()
     t1 = _hold_in_thread(b, 4 * GB, order, "a", r1)
     t2 = _hold_in_thread(b, 4 * GB, order, "b", r2)
     assert _wait_for(lambda: len(order) == 2)  # 8 of 10 GB: together
     t3 = _hold_in_thread(b, 4 * GB, order, "c", r3)  # 12 > 10: waits
+    time.sleep(0.1)
     late = threading.Event()
-    t4 = _hold_in_thread(b, 1 * GB, order, "d", late)  # would fit, but arrived after c: waits behind it
-    time.sleep(0.2)
-    assert [n for n, _ in order] == ["a", "b"]
+    t4 = _hold_in_thread(b, 1 * GB, order, "d", late)  # arrived after c, fits while c does not: goes first
+    assert _wait_for(lambda: len(order) == 3)
+    assert [n for n, _ in order] == ["a", "b", "d"]
     r1.set()
     assert _wait_for(lambda: len(order) == 4)
-    assert [n for n, _ in order] == ["a", "b", "c", "d"]
+    assert [n for n, _ in order] == ["a", "b", "d", "c"]
     for e in (r2, r3, late):
         e.set()
     for t in (t1, t2, t3, t4):
+        t.join(5)
+
+
+def test_backfilling_is_bounded_so_a_large_job_is_not_starved():
+    b = MemoryBudget(10 * GB)
+    order, big_done, head_done, small_done = [], threading.Event(), threading.Event(), threading.Event()
+    ts = [_hold_in_thread(b, 7 * GB, order, "big", big_done)]
+    assert _wait_for(lambda: len(order) == 1)
+    ts.append(_hold_in_thread(b, 5 * GB, order, "head", head_done))  # 12 > 10: the oldest waiting job
+    time.sleep(0.1)
+    for i in range(BACKFILL + 1):  # each fits beside "big"; only BACKFILL may pass "head"
+        ts.append(_hold_in_thread(b, GB // 10, order, f"s{i}", small_done))
+        time.sleep(0.05)
+    assert _wait_for(lambda: len(order) == 1 + BACKFILL)
+    time.sleep(0.2)
+    assert [n for n, _ in order] == ["big"] + [f"s{i}" for i in range(BACKFILL)]  # the last small one waits
+    big_done.set()
+    assert _wait_for(lambda: len(order) == BACKFILL + 3)
+    assert [n for n, _ in order][-2:] == ["head", f"s{BACKFILL}"]  # the large job first, then the rest in order
+    for e in (head_done, small_done):
+        e.set()
+    for t in ts:
         t.join(5)
 
 
