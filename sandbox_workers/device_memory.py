@@ -89,7 +89,6 @@ class MemoryBudget:
                 self._jobs -= 1
                 self._cv.notify_all()
 
-
     def _fits(self, ticket: int) -> bool:
         return self._jobs == 0 or self._in_use + self._wants[ticket] <= self.total
 

@@ -66,3 +66,15 @@ def test_cli_config_show_and_error():
     bad = subprocess.run([sys.executable, "-m", "cluster.cli", "--set", "actor.max_turns=-1", "config", "show"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "actor.max_turns: must be > 0, got -1" in bad.stderr
+
+
+def test_jobs_per_device_by_backend_unless_set():
+    from cluster.config import jobs_for
+
+    cfg = load(None, environ={})
+    assert cfg.sandbox.jobs_per_device == 0
+    assert jobs_for(cfg.sandbox, "cuda") == 4 and jobs_for(cfg.sandbox, "cpu") == 1
+    cfg = load(None, ["sandbox.jobs_per_device=2"], environ={})
+    assert jobs_for(cfg.sandbox, "cuda") == 2 and jobs_for(cfg.sandbox, "cpu") == 2
+    with pytest.raises(ConfigError, match=r"sandbox.jobs_per_device: must be 0 \(by backend\) or 1..64, got -1"):
+        load(None, ["sandbox.jobs_per_device=-1"], environ={})

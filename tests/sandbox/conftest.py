@@ -9,8 +9,9 @@ from tests.sandbox.helpers import RELU_TASK, shrunk_task
 
 
 def fast_sandbox(cache_dir: str) -> dict:
-    """Sandbox settings for tests: small flush, few trials, short deadlines, caches under cache_dir."""
-    return {"cpu_flush_mb": 8, "trials": 5, "max_trials": 20, "timing_budget_s": 0.3, "warmup": 2,
+    """Sandbox settings for tests: small flush, few trials, short deadlines, caches under cache_dir; one job per
+    device (the CUDA default is 4, with 16 pre-started sessions: tests of several jobs set it themselves)."""
+    return {"jobs_per_device": 1, "cpu_flush_mb": 8, "trials": 5, "max_trials": 20, "timing_budget_s": 0.3, "warmup": 2,
             "eval_timeout_s": 60.0, "min_trial_s": 0.002, "compile_timeout_s": 60.0, "eval_memory_limit_mb": 6144, "cpu_threads": 2,
             "artifact_cache_dir": os.path.join(cache_dir, "artifacts"),
             "baseline_cache_dir": os.path.join(cache_dir, "baselines")}
