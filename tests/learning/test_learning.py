@@ -129,4 +129,7 @@ def test_episode_mode_follows_the_stage_without_a_restart(cfg, tiny_model, tmp_p
     # request waited in the engine's queue across the swap is sampled by version 1, single-turn as begun)
     modes = rep["learning"]["modes_by_version_start"]
     assert modes.get("0") == ["single_turn"], modes
-    assert modes.get("1") == ["multi_turn"], modes
+    # every episode begun once the warm-up's version (1) was applied is multi-turn; on a loaded host the PPO step's
+    # two episodes may all have been begun under version 0 (sampled by 1), so the first begun after is under 2
+    later = {v: m for v, m in modes.items() if int(v) >= 1}
+    assert later and all(m == ["multi_turn"] for m in later.values()), modes
