@@ -204,8 +204,9 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     end_lag = _lag(bus, backend)
     bus.close()
     done = len(rec["compile"]) + len(rec["evaluate"])
+    slots = jobs_for(cfg.sandbox, backend)  # the worker's job slots: saturation is every one of them asked for
     out = {"backend": backend, "duration_s": duration_s, "wall_s": wall, "tasks": len(pairs),
-           "jobs_per_device": jobs_for(cfg.sandbox, backend),
+           "jobs_per_device": slots,
            **({"mode": "closed", "in_flight": closed_loop * len(keys)} if closed_loop else {"mode": "open", "rate": rate}),
            "warmup": warm,
            **{k: v for k, v in counts.items()}, "throughput_per_s": done / wall if wall else 0.0,
@@ -224,8 +225,7 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
     if raw_timeline:
         Path(raw_timeline).write_text(json.dumps({"holds": holds, "events": events,
                                                   "samples": gpu.samples if gpu is not None else []}))
-    out["timeline"] = stress_timeline.report(gpu.samples if gpu is not None else [], holds, events,
-                                             jobs_for(cfg.sandbox, backend))
+    out["timeline"] = stress_timeline.report(gpu.samples if gpu is not None else [], holds, events, slots)
     return out
 
 
