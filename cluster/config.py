@@ -163,6 +163,17 @@ class SandboxConfig:
     # compressible"), so the reward's time is never less than the kernel's true time. It is the whole work of a
     # single-pass kernel such as ReLU (no speed tier there), little of a compute-bound one (GEMM).
     cpu_charge_compressible: bool = True
+    # The candidate's CPU time inside the judge's run round trips, sampled from outside its process (perf task-clock,
+    # sandbox_workers/cpu_profile.py) and attributed to the files it ran in: time in anything but its own library
+    # and the runtime (libc, libm, libstdc++, OpenMP, the interpreter), i.e. torch's or numpy's kernels, is compute
+    # the rules forbid, whatever the candidate did to the in-process guard. "auto": on the CPU backend (on CUDA the
+    # host spins in the driver while the GPU computes, so the host's time says nothing); "on"; "off". Where it is
+    # on and the kernel refuses perf_event_open, the worker refuses to serve (fail closed).
+    cpu_profile: str = "auto"
+    # a violation where the foreign time per call exceeds both the floor and this fraction of the reference's time
+    # (the floor: every call has ~0.2-0.4 ms of glue in torch's libraries, the protocol's views and allocations)
+    foreign_compute_floor_s: float = 0.001
+    foreign_compute_fraction: float = 0.5
     # One more checked call whose sign-definite floating inputs (torch.rand: never negative) are shifted to mean
     # zero, where the reference stays finite on them: an op checked only where one of its branches runs (an
     # identity 'ReLU' on rand inputs) is then checked on the other too (docs/sandbox.md "The input's domain").
@@ -401,6 +412,7 @@ _CHOICES = {
     "sandbox.backend": {"cpu", "cuda"},
     "sandbox.isolation": {"bwrap", "none"},
     "sandbox.enforce_timing_claims": {"cuda", "all", "none"},
+    "sandbox.cpu_profile": {"auto", "on", "off"},
     "actor.policy": {"vllm", "scripted", "openai"},
     "actor.episode_mode": {"multi_turn", "single_turn", "by_stage"},
     "actor.reward_from": {"final", "best"},

@@ -26,6 +26,12 @@ def run(args, cfg) -> int:
     from cluster.errors import SetupError
 
     backend = "cpu" if args.device == "cpu" else "cuda"
+    from sandbox_workers import cpu_profile
+
+    why = cpu_profile.available() if cpu_profile.enabled(cfg.sandbox, backend) else ""
+    if why:  # fail closed: the no-torch-compute rule would rest on the candidate's own word
+        log.error("refusing to serve: %s (sandbox.cpu_profile = \"off\" serves without the check)", why)
+        return 2
     ident, device_key = None, ""
     if backend == "cpu" and cfg.sandbox.cpu_cores:
         from sandbox_workers import cpuset

@@ -24,13 +24,13 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from sandbox_workers import compiler, cpuset, device_gate, device_memory, formats, guards, workspace
+from sandbox_workers import compiler, cpu_profile, cpuset, device_gate, device_memory, formats, guards, workspace
 from cluster.config import jobs_for
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = "judge-6"  # judge-6: spiked inputs on every call; judge-5: CPU inputs written in plain after the clock starts
+PROTOCOL_VERSION = "judge-7"  # judge-7: the remote places outputs with memcpy, remotes are CPU-profiled (baselines timed under the same sampling); judge-6: spiked inputs on every call
 TIMING_CLAIM = "timing_claim_contradicted"
 class Evaluator:
     def __init__(self, cfg, backend: str | None = None, device_key: str = "", fetch=None):
@@ -57,6 +57,7 @@ class Evaluator:
         # several jobs per device: admitted while their memory fits (pre-started sessions' contexts set aside)
         pool = max(1, self.sb.warm_pool) * self.jobs if cuda else 0
         self.memory = device_memory.budget_for(self.sb, self.backend, self.jobs, reserved_sessions=pool)
+        self.profile = cpu_profile.enabled(self.sb, self.backend)  # the candidate's CPU time, sampled from outside
 
     # ------------------------------------------------------------------ public
     def evaluate(self, task_source: str, files: dict[str, str], mode: str = "both", artifact: bytes = b"",
@@ -281,7 +282,7 @@ class Evaluator:
             return sess
 
     def _new_session(self, role: str) -> Session:
-        sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache())
+        sess = Session(self.cfg, self.backend, role, inductor_cache=self._inductor_cache(), profile=self.profile)
         sess.gate = self.gate  # its judge holds the device's gate; its processes are frozen while another job is timed
         return sess.start()
 
@@ -354,7 +355,20 @@ class Evaluator:
         if not var.get("ok"):
             res["error"] = _with_log(var.get("error", "failed"), out)
             res["remote_signal"] = out.remote_signal
+        elif self.profile:
+            self._foreign_compute(res, out, judge.get("t_ref"))
         return res
+
+    def _foreign_compute(self, res: dict, out, t_ref) -> None:
+        """Where the candidate's CPU time went, sampled from outside its process: compute outside its own
+        library is a violation (cpu_profile.py), whatever happened to the in-process guard."""
+        if out.profile is None:  # fail closed: no verdict on the rule without the profile
+            raise ReferenceFailure(f"the candidate's CPU profile: {out.profile_error}")
+        res["cpu_profile"] = out.profile
+        bad = cpu_profile.foreign_compute(out.profile, t_ref, self.sb.foreign_compute_floor_s,
+                                          self.sb.foreign_compute_fraction)
+        if bad:
+            res.update(ok=False, error=bad, violations=[{"name": cpu_profile.TORCH_COMPUTE, "detail": bad}])
 
     def baseline_key(self, task_source: str) -> str:
         doc = {"task": hashlib.sha256(task_source.encode()).hexdigest(), "backend": self.backend,
@@ -430,7 +444,7 @@ class Evaluator:
                                versions=cand.get("versions", {}), clock=cand.get("clock", {}),
                                device_key=self.device_key, isolation=getattr(self.sb, "isolation", "none"),
                                remote_signal=cand.get("remote_signal", ""), arena=cand.get("arena", "host"),
-                               t_ref_source=cand.get("t_ref_source", ""))
+                               t_ref_source=cand.get("t_ref_source", ""), cpu_profile=cand.get("cpu_profile"))
         res["correct"] = bool(cand.get("ok")) and not res["violations"]
         res["error"] = "" if res["correct"] else cand.get("error", "")
         res["fault"] = "none" if res["correct"] else "policy"
@@ -456,9 +470,14 @@ class Evaluator:
             abs_s = 0.0 if cpu else self.sb.timing_claim_abs_s
             est = judged_time(stats, eager, slack, abs_s)
             res["evidence"]["judged_time_s"] = est
-            if est > t:
+            # CPU: the candidate's own library's CPU time per call, sampled from outside its process, spread over
+            # every core: a claim below it is forged whatever the protocol's noise let the estimate say (Open 2)
+            low = cpu_profile.compute_floor(cand.get("cpu_profile"), os.cpu_count() or 1) if cpu else 0.0
+            if low:
+                res["evidence"]["profiled_time_s"] = low
+            if max(est, low) > t:
                 res["evidence"]["claimed_time_s"] = t
-                t = est
+                t = max(est, low)
         res["timings"] = {"candidate": stats, "eager": eager, "compile": comp}
         res["speedup_vs_eager"] = speedup(t, te)
         res["speedup_vs_compile"] = speedup(t, tc)

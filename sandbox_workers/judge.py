@@ -73,6 +73,7 @@ class Judge:
         self._layout: tuple[list[tuple[list, str]], int] | None = None  # outputs_layout()
         self.out_lo = 0  # the device arena: inputs in [0, out_lo), outputs in [out_lo, size)
         self.cap_bytes = 0  # bytes one batched trial may take (0: the host arena's max_batch_bytes)
+        self.windows: list[list[int]] = []  # [monotonic ns at "stage", at the "run" reply, calls] per trial (measure)
         # the worker's device gate (device_gate.py): shared around untimed device work, exclusive around timing
         self.gate = device_gate.client_from_env()
         self.spike_plan: list | None = None  # plan_spikes(): per input, (scale, sign) or None; None: no spikes
@@ -208,6 +209,7 @@ class Judge:
         del sets
         prep_s = time.monotonic() - t_prep  # inputs, expected outputs, sealing: the judge's own work, not timed
         clock = self.clock
+        w0 = time.monotonic_ns()  # from "stage" on: work that overlaps the judge's input copy is in the window too
         t0 = clock()
         self.ask({"op": "stage", "sets": descs, "device": self.darena is not None, "plain": bool(plain is not None)})
         t1 = clock()
@@ -222,6 +224,7 @@ class Judge:
             del plain
         ran = self.ask({"op": "run", "keys": keys, "guard": guard, **where})
         t_reply = clock()
+        self.windows.append([w0, time.monotonic_ns(), b])  # the worker's CPU profile of the remote reads these
         got = self.snapshot(ran.get("outs"), b, where["lo"], where["hi"])
         t3 = clock()
         claim = ran.get("claim_s")
@@ -399,6 +402,7 @@ class Judge:
         frac = float(self.spec.get("timed_check_fraction", 1.0)) if checked else 0.0
         _, out_bytes = self.outputs_layout()
         checks, trials = [], []
+        self.windows = []
 
         def run_trial(b: int, must_check: bool, guard: bool = True, given: tuple[list, list] | None = None) -> dict:
             mask = [must_check or (checked and self.rng.random() < frac) for _ in range(b)]
@@ -424,7 +428,7 @@ class Judge:
                     raise RemoteFailed("on the centred check's inputs (the task's sign-definite inputs shifted to "
                                        f"mean zero; the reference is finite there): {exc.error}", exc.violations) from exc
         phases.mark(f"{name}.verify_s")
-        out.update(checks=len(checks), timing=None)
+        out.update(checks=len(checks), timing=None, run_windows=self.windows)
         if not timing:
             return out
         t_first = time.monotonic()

@@ -49,6 +49,8 @@ class SessionResult:
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
     gate: list[dict] = field(default_factory=list)  # the judge's holds of the device gate (device_gate.py)
+    profile: dict | None = None  # the candidate's CPU time in the judge's run round trips (cpu_profile.foreign_time)
+    profile_error: str = ""  # why there is none where one was asked for (the evaluator fails closed on it)
 
 
 def _job_root() -> str | None:
@@ -59,9 +61,12 @@ def _job_root() -> str | None:
 class Session:
     """Paths inside the sandboxes are fixed (/job/...); with isolation "none" they are the host's."""
 
-    def __init__(self, cfg, backend: str, role: str, inductor_cache: Path | None = None):
+    def __init__(self, cfg, backend: str, role: str, inductor_cache: Path | None = None, profile: bool = False):
         self.cfg, self.sb, self.backend, self.role = cfg, cfg.sandbox, backend, role
         self.inductor_cache = inductor_cache
+        self.profile = profile  # sample the remote's CPU time (cpu_profile.py); read only for the candidate
+        self.sampler = None
+        self.profile_error = ""
         self.isolated = getattr(self.sb, "isolation", "none") != "none"
         self.procs: list[subprocess.Popen] = []  # [remote, judge] once started
         self.gate: device_gate.DeviceGate | None = None  # set by the evaluator before start(): the device's gate
@@ -108,6 +113,7 @@ class Session:
             with spawning as add:  # never while another session is timed; frozen with the rest from here on
                 self.procs.append(self._spawn_remote(r_r, r_w, self._logs[0], s_r))
                 add(self.procs[-1].pid)
+                self._start_profile(self.procs[-1].pid)
                 self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1], s_j, gate_fds[2:0:-1]))
                 add(self.procs[-1].pid)
             if gate_fds:
@@ -128,7 +134,7 @@ class Session:
             self.start()
         remote, judge = self.procs
         spec = dict(spec, result_path=self.path(self.dir / "judge" / "result.json", "/job/judge/result.json"))
-        timed_out = False
+        timed_out, prof = False, None
         t_end = time.monotonic() + wall_s
         data: bytes | None = json.dumps(spec).encode()
         try:
@@ -144,6 +150,8 @@ class Session:
                 except BrokenPipeError:
                     log.warning("the judge exited before reading its spec")
                     break
+            if self.sampler is not None:  # while the remote still lives: the last snapshot of its mappings
+                prof, self.sampler = self.sampler.stop(), None
             try:
                 remote.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -151,6 +159,8 @@ class Session:
         finally:
             self.kill()
         res = SessionResult(judge=_read_json(self.dir / "judge" / "result.json"), timed_out=timed_out)
+        if self.profile and self.role == "candidate":
+            res.profile, res.profile_error = self._foreign_time(prof, res.judge)
         res.remote_rc = remote.returncode
         res.remote_signal = signal_name(remote.returncode)
         limit = self.sb.max_output_chars
@@ -160,10 +170,35 @@ class Session:
             res.gate = self.gate.pop_log(self.sid)
         return res
 
+    def _start_profile(self, pid: int) -> None:
+        if not self.profile:
+            return
+        from sandbox_workers import cpu_profile
+
+        try:
+            self.sampler = cpu_profile.Sampler(pid, marker=b"sandbox_workers.candidate.serve",
+                                               collect=self.role == "candidate").start()
+        except cpu_profile.ProfileUnavailable as exc:
+            self.profile_error = f"the CPU profile could not attach: {exc}"
+
+    def _foreign_time(self, prof, judge: dict | None) -> tuple[dict | None, str]:
+        from sandbox_workers import cpu_profile
+
+        if prof is None:
+            return None, self.profile_error or "the CPU profile was not started"
+        if not prof.pid or not prof.maps:
+            return None, "the CPU profile never found the model's process"
+        windows = [w for v in ((judge or {}).get("variants") or {}).values() if isinstance(v, dict)
+                   for w in v.get("run_windows") or []]
+        return cpu_profile.foreign_time(prof, windows, str(self.dir / "remote" / "libkrl_ops.so")), ""
+
     def _gate_credit(self) -> float:
         return self.gate.credit_total(self.sid) if self.gate is not None else 0.0
 
     def kill(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
         for p in self.procs:
             kill_tree(p)
         if self.gate is not None and self.procs:

@@ -11,6 +11,7 @@ candidate's side as the candidate's failure.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
@@ -183,7 +184,13 @@ def place(region_of, values: list, start: int, end: int) -> tuple[list[dict], in
         if pos + nbytes > end:
             raise ProtocolError(f"tensors need more than the {end - start} bytes of their region")
         if nbytes:
-            region_of(pos, nbytes).copy_(t.reshape(-1).view(torch.uint8))
+            dst = region_of(pos, nbytes)
+            if dst.device.type == "cpu" and t.device.type == "cpu":
+                # libc's memcpy, not torch's copy kernel: the worker's CPU profile counts time in torch's code
+                # during a run as the model's compute (cpu_profile.py), so the protocol's own copy stays out of it
+                ctypes.memmove(dst.data_ptr(), t.data_ptr(), nbytes)
+            else:
+                dst.copy_(t.reshape(-1).view(torch.uint8))
         descs.append({"t": "tensor", "off": pos, "nbytes": nbytes, "shape": list(t.shape), "dtype": dtype})
         pos += nbytes
     return descs, pos

@@ -5,7 +5,12 @@ from __future__ import annotations
 import textwrap
 
 from tests.sandbox.helpers import RELU_PY
-from tests.sandbox.redteam_cases import CONTRADICTED, MISMATCH, TORCH, TORCH_HOLE, Case
+from tests.sandbox.redteam_cases import CONTRADICTED, MISMATCH, TORCH, Case
+
+# the CPU backend's answer (the worker samples the candidate's CPU time from outside, cpu_profile.py) does not carry
+# over: on CUDA the host waits in the driver while the GPU computes, so host time does not say whose kernels ran
+CUDA_TORCH_HOLE = ("on CUDA the no-torch-compute rule rests only on the in-process dispatch guard, which the candidate "
+                   "can switch off: torch computes the task and the reward is 1")
 
 
 def relu_cu(body: str, extra: str = "", includes: str = "") -> dict[str, str]:
@@ -223,7 +228,7 @@ REDTEAM: list[Case] = [
     Case("disable_current_modes_then_torch", "cuda", cuda_forward(
         "with _disable_current_modes():\n    return torch.relu(x) * 1.0",
         header="from torch.utils._python_dispatch import _disable_current_modes"), ev="cuda_nostatic",
-         violations=(TORCH,), hole=TORCH_HOLE),
+         violations=(TORCH,), hole=CUDA_TORCH_HOLE),
     Case("work_in_stage_phase", "cuda", cuda_forward("return self.pre.pop(0) if self.pre else torch.zeros_like(x)",
                                                      init="self.pre = []", header="""
         import sys

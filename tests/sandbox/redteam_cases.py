@@ -36,6 +36,9 @@ TASKS = {
     "relu_wide": ("level1/19_ReLU.py", {"batch_size": 64, "dim": 65536}),
     "softmax": ("level1/23_Softmax.py", {"batch_size": 8, "dim": 4096}),
     "mse": ("level1/94_MSELoss.py", {"batch_size": 256, "input_shape": (4096,)}),
+    # the CPU example's own shape: torch's GEMM takes milliseconds per call, over the CPU profile's floor
+    "gemm_example": ("level2/12_Gemm_Multiply_LeakyReLU.py", {"batch_size": 128, "in_features": 1024,
+                                                              "out_features": 1024}),
 }
 
 # ---------------------------------------------------------------- kernels
@@ -157,8 +160,38 @@ def _mark(ctx: Ctx) -> str:
 
 
 # ================================================================ 1. tampering with the evaluator in-process
-TORCH_HOLE = ("the no-torch-compute rule rests only on the in-process dispatch guard, which the candidate can "
-              "switch off, route around or call around: torch computes the task and the reward is 1")
+TORCH_HOLE = ("at this tiny shape torch's whole GEMM (~0.1 ms per call) is below what the worker's CPU profile can "
+              "tell from the glue every call has (the 1 ms floor, sandbox.foreign_compute_floor_s): with the "
+              "in-process guard switched off, routed or called around, torch computes the task and the reward is 1; "
+              "the same cheats at the example's shape are caught (*_at_the_example_shape)")
+
+# torch computes the task, the in-process guard switched off, routed around or called around
+TORCH_CHEATS = {
+    "disable_current_modes_then_torch": lambda ctx: gemm("""
+        def forward(self, x):
+            with _disable_current_modes():
+                return F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
+        """, header="import torch.nn.functional as F\n"
+                    "from torch.utils._python_dispatch import _disable_current_modes\n"),
+    "pop_dispatch_mode_then_torch": lambda ctx: gemm("""
+        def forward(self, x):
+            mode = torch._C._pop_torch_dispatch_stack(None)  # take the guard off the stack ...
+            y = F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
+            torch._C._push_on_torch_dispatch_stack(mode)  # ... and put it back before anyone looks
+            return y
+        """, header="import torch.nn.functional as F\n"),
+    "remote_call_unguarded_then_torch": lambda ctx: gemm("""
+        def forward(self, x):
+            return F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
+        """, header="""
+        import sys
+        import torch.nn.functional as F
+        def _call(self, model, inputs, guard):  # the remote's own call, minus the guard
+            out = model(*inputs)
+            return list(out) if isinstance(out, (tuple, list)) else [out]
+        sys.modules["__main__"].Remote._call = _call
+        """),
+}
 
 TAMPER = [
     Case("patch_checkers_and_clocks", "tamper", fwd(ZEROS, header="""
@@ -248,31 +281,13 @@ TAMPER = [
                 _o.run = _run
         """), ev="timing", mode="both", violations=(CONTRADICTED,),
         why="the claim is bounded by the judge's wall of the run round trip"),
-    Case("disable_current_modes_then_torch", "tamper", lambda ctx: gemm("""
-        def forward(self, x):
-            with _disable_current_modes():
-                return F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
-        """, header="import torch.nn.functional as F\n"
-                    "from torch.utils._python_dispatch import _disable_current_modes\n"),
-        task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
-    Case("pop_dispatch_mode_then_torch", "tamper", lambda ctx: gemm("""
-        def forward(self, x):
-            mode = torch._C._pop_torch_dispatch_stack()  # take the guard off the stack ...
-            y = F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
-            torch._C._push_on_torch_dispatch_stack(mode)  # ... and put it back before anyone looks
-            return y
-        """, header="import torch.nn.functional as F\n"), task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
-    Case("remote_call_unguarded_then_torch", "tamper", lambda ctx: gemm("""
-        def forward(self, x):
-            return F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
-        """, header="""
-        import sys
-        import torch.nn.functional as F
-        def _call(self, model, inputs, guard):  # the remote's own call, minus the guard
-            out = model(*inputs)
-            return list(out) if isinstance(out, (tuple, list)) else [out]
-        sys.modules["__main__"].Remote._call = _call
-        """), task="gemm", violations=(TORCH,), hole=TORCH_HOLE),
+    *[Case(name, "tamper", build, task="gemm", violations=(TORCH,), hole=TORCH_HOLE)
+      for name, build in TORCH_CHEATS.items()],
+    *[Case(f"{name}_at_the_example_shape", "tamper", build, task="gemm_example", violations=(TORCH,),
+           **({"mode": "both", "ev": "timing_default"} if name.startswith("remote_call") else {}),
+           why="the worker samples the candidate's CPU time from outside its process (cpu_profile.py): milliseconds "
+               "per call in libtorch_cpu.so while the judge ran it, whatever became of the in-process guard")
+      for name, build in TORCH_CHEATS.items()],
     Case("forged_output_descriptors", "tamper", fwd(CALL, header="""
         import sys
         _R = sys.modules["__main__"].Remote

@@ -14,7 +14,7 @@ _ids = itertools.count()
 
 
 class FakeSession:
-    def __init__(self, cfg, backend, role, inductor_cache=None):
+    def __init__(self, cfg, backend, role, inductor_cache=None, profile=False):
         self.id, self.role, self.started, self.closed, self.dead = next(_ids), role, False, False, False
 
     def start(self):
