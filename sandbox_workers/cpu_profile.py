@@ -40,6 +40,7 @@ _PAGES = 16  # ring buffer data pages per CPU (64 KiB; ~6 KiB per sampled thread
 DRAIN_S = 0.05
 MAPS_S = 0.25
 PERIOD_NS = 250_000  # one sample per 250 us of a thread's CPU time
+MAX_SNAPSHOTS = 200  # distinct sets of executable mappings kept; an honest model's process settles after loading
 
 # the runtime a candidate's library may run in: matched on the file's name, and only for files the worker
 # itself sees at the same path with the same device and inode (a copy under /tmp with one of these names is not)
@@ -74,6 +75,7 @@ class Profile:
     lost: int = 0
     period_ns: int = PERIOD_NS
     pid: int = 0  # the process whose samples and maps these are (0: never found)
+    churned: bool = False  # its executable mappings changed more than MAX_SNAPSHOTS times: no attribution
 
 
 def _attr(period_ns: int) -> ctypes.Array:
@@ -213,6 +215,9 @@ class Sampler:
         if m:
             with self._lock:
                 if not self.prof.maps or self.prof.maps[-1] != m:
+                    if len(self.prof.maps) >= MAX_SNAPSHOTS:
+                        self.prof.churned = True  # code mapped and unmapped over and over: every sample is foreign
+                        return
                     self.prof.maps.append(m)
 
     def drain(self) -> None:
@@ -316,16 +321,23 @@ def foreign_time(prof: Profile, windows: list[list[int]], own_file: str | None, 
     library_n = 0
     lib_key = ((os.major(own[0]), os.minor(own[0])), own[1]) if own is not None else None
     where: dict[str, float] = {}
+    index = [([x.lo for x in snap], snap) for snap in prof.maps]
     for t, ip in prof.samples:
         if not _inside(spans, t):
             continue
         m = _find(prof.maps, ip)
-        if m is not None and (m.path in KERNEL_CODE or (m.ino != 0 and (m.dev, m.ino) in ok)):
+        if prof.churned:
+            name = "[executable mappings changed too often]"
+        elif m is not None and len(index) > 1 and _remapped(index, ip, m):
+            # another file was mapped at this address in another snapshot: which one ran here is not known
+            name = "[remapped]"
+        elif m is not None and (m.path in KERNEL_CODE or (m.ino != 0 and (m.dev, m.ino) in ok)):
             own_s += per
             library_n += (m.dev, m.ino) == lib_key and m.ino != 0
             continue
+        else:
+            name = (m.path or "[anonymous]") if m is not None else "[unmapped]"
         foreign_s += per
-        name = (m.path or "[anonymous]") if m is not None else "[unmapped]"
         where[name] = where.get(name, 0.0) + per
     top = dict(sorted(where.items(), key=lambda kv: -kv[1])[:4])
     return {"calls": calls, "windows_s": round(sum(w1 - w0 for w0, w1 in spans) / 1e9, 6),
@@ -344,6 +356,15 @@ def _find(snaps: list[list[Mapping]], ip: int) -> Mapping | None:
         if i >= 0 and snap[i].lo <= ip < snap[i].hi:
             return snap[i]
     return None
+
+
+def _remapped(index: list[tuple[list[int], list[Mapping]]], ip: int, m: Mapping) -> bool:
+    """Whether some snapshot maps `ip` to another file than `m` (code swapped in and out between snapshots)."""
+    for los, snap in index:
+        i = bisect.bisect_right(los, ip) - 1
+        if i >= 0 and snap[i].lo <= ip < snap[i].hi and (snap[i].dev, snap[i].ino, snap[i].path) != (m.dev, m.ino, m.path):
+            return True
+    return False
 
 
 def _find_process(root: int, marker: bytes) -> int:

@@ -78,6 +78,24 @@ def test_a_runtime_name_elsewhere_is_not_the_runtime(tmp_path):
     assert {"[anonymous]", "[unmapped]", str(copy)} <= set(out["foreign_in"]), out
 
 
+def test_code_swapped_at_one_address_is_not_the_runtime():
+    """Torch's code mapped where the runtime is mapped in another snapshot (swapped in and out between snapshots):
+    which one ran there is unknown, so the time is foreign; a process whose code churns past the snapshot cap has
+    all of its time foreign."""
+    libc = Path(os.path.realpath(_mapped("libc.so")))
+    st = libc.stat()
+    real = cpu_profile.Mapping(0x1000, 0x2000, (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino, str(libc))
+    other = cpu_profile.Mapping(0x1000, 0x2000, (0, 99), 12345, "/opt/torch/lib/libtorch_cpu.so")
+    prof = cpu_profile.Profile(samples=[(10, 0x1800), (11, 0x1900)], maps=[[other], [real]], period_ns=1_000_000)
+    out = cpu_profile.foreign_time(prof, [[0, 100, 2]], None, skip_calls=0)
+    assert out["own_s"] == 0 and out["foreign_in"] == {"[remapped]": 0.002}, out
+    steady = cpu_profile.Profile(samples=prof.samples, maps=[[real], [real]], period_ns=1_000_000)
+    assert cpu_profile.foreign_time(steady, [[0, 100, 2]], None, skip_calls=0)["own_s"] == 0.002
+    steady.churned = True
+    out = cpu_profile.foreign_time(steady, [[0, 100, 2]], None, skip_calls=0)
+    assert out["own_s"] == 0 and out["foreign_s"] == 0.002, out
+
+
 def _mapped(name: str) -> str:
     for line in Path("/proc/self/maps").read_text().splitlines():
         path = line.split()[-1]
