@@ -162,6 +162,9 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # the model process's pid in every PID namespace it is in: an event inherited inside the sandbox reports
+        # pids as the sandbox's namespace numbers them (the forking task's), one attached from here as the host does
+        self._pids: set[int] = {root} if not marker else set()
 
     # ------------------------------------------------------------------ attach
     def start(self) -> "Sampler":
@@ -202,6 +205,7 @@ class Sampler:
         while self.collect and not self._stop.wait(DRAIN_S):
             if not self.prof.pid:
                 self.prof.pid = _find_process(self.root, self.marker)
+                self._pids = _ns_pids(self.prof.pid) if self.prof.pid else set()
             n = len(self.prof.samples)
             self.drain()
             # a sample outside every mapping seen: the code it ran in was mapped since, snapshot it while it is
@@ -239,7 +243,7 @@ class Sampler:
                 break
             if typ == _RECORD_SAMPLE:
                 ip, pid, _tid, t = struct.unpack("QIIQ", _wrapped(ring, base, size, (off + 8) % size, 24))
-                if pid == self.prof.pid:
+                if pid in self._pids:
                     samples.append((t, ip))
             elif typ == _RECORD_LOST:
                 self.prof.lost += struct.unpack("QQ", _wrapped(ring, base, size, (off + 8) % size, 16))[1]
@@ -365,6 +369,18 @@ def _remapped(index: list[tuple[list[int], list[Mapping]]], ip: int, m: Mapping)
         if i >= 0 and snap[i].lo <= ip < snap[i].hi and (snap[i].dev, snap[i].ino, snap[i].path) != (m.dev, m.ino, m.path):
             return True
     return False
+
+
+def _ns_pids(pid: int) -> set[int]:
+    """`pid` as each PID namespace it is in numbers it (/proc/PID/status NSpid: host first, innermost last)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return {int(x) for x in line.split()[1:]}
+    except OSError:
+        pass
+    return {pid}
 
 
 def _find_process(root: int, marker: bytes) -> int:
