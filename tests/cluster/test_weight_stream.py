@@ -183,15 +183,25 @@ def test_backend_choice_is_validated(monkeypatch):
 
 
 def listening(port: int) -> set[str]:
-    """The local addresses with a listening TCP socket on ``port`` (from /proc/net/tcp and tcp6)."""
+    """The local addresses this process listens on with TCP port ``port`` (from /proc/net/tcp and tcp6; another
+    process may listen on the same port number at another address: a CI run once found one on 127.0.0.1)."""
     import ipaddress
 
+    own = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            own.add(link[8:-1])
     found = set()
     for name, width in (("tcp", 8), ("tcp6", 32)):
         for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
+            cols = line.split()
+            local, state = cols[1], cols[3]
             addr_hex, port_hex = local.split(":")
-            if state != "0A" or int(port_hex, 16) != port:  # 0A = LISTEN
+            if state != "0A" or int(port_hex, 16) != port or cols[9] not in own:  # 0A = LISTEN
                 continue
             raw = b"".join(bytes.fromhex(addr_hex[i:i + 8])[::-1] for i in range(0, width, 8))  # host-order words
             found.add(str(ipaddress.ip_address(raw)))
