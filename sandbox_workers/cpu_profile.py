@@ -418,6 +418,7 @@ def available() -> str:
 
 
 # ---------------------------------------------------------------------- the rule
+NO_SAMPLES = "the CPU profile saw none of the model process's CPU time"  # session.py; evaluator retries once
 TORCH_COMPUTE = "torch_compute"  # the violation's name (the in-process guard's too: candidate/policy.py)
 
 

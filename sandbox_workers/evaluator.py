@@ -340,7 +340,7 @@ class Evaluator:
         if timing and self.sb.reference_time_from_baselines:
             spec["t_ref"] = self.cached_t_ref(task_source)
         out = self._session("candidate", spec, library=lib)
-        if self.profile and out.profile is None and "saw none" in out.profile_error:
+        if self.profile and out.profile is None and out.profile_error == cpu_profile.NO_SAMPLES:
             # the sampling events did not reach the model's process (a start-up race not yet understood, a few % of
             # sessions): a fresh session, once, rather than a verdict without the profile
             log.warning("candidate session without a CPU profile (%s): evaluating it again", out.profile_error)

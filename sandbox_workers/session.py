@@ -189,7 +189,7 @@ class Session:
         if not prof.pid or not prof.maps:
             return None, "the CPU profile never found the model's process"
         if not prof.samples:  # its start-up alone (importing torch) is seconds of CPU: the events never reached it
-            return None, "the CPU profile saw none of the model process's CPU time"
+            return None, cpu_profile.NO_SAMPLES
         windows = [w for v in ((judge or {}).get("variants") or {}).values() if isinstance(v, dict)
                    for w in v.get("run_windows") or []]
         return cpu_profile.foreign_time(prof, windows, str(self.dir / "remote" / "libkrl_ops.so")), ""
