@@ -341,8 +341,8 @@ class Evaluator:
             spec["t_ref"] = self.cached_t_ref(task_source)
         out = self._session("candidate", spec, library=lib)
         if self.profile and out.profile is None and out.profile_error == cpu_profile.NO_SAMPLES:
-            # the sampling events did not reach the model's process (a start-up race not yet understood, a few % of
-            # sessions): a fresh session, once, rather than a verdict without the profile
+            # its events were attached and yet none of its CPU time came back (not seen since the sampler attaches
+            # to the model's process itself, cpu_sampler.py): a fresh session, once, rather than no verdict
             log.warning("candidate session without a CPU profile (%s): evaluating it again", out.profile_error)
             out = self._session("candidate", spec, library=lib)
         judge = out.judge

@@ -187,7 +187,8 @@ class Session:
         if prof is None:
             return None, self.profile_error or "the CPU profile was not started"
         if not prof.pid or not prof.maps:
-            return None, "the CPU profile never found the model's process"
+            why = f": {prof.error}" if prof.error else ""
+            return None, f"the CPU profile never attached to the model's process{why}"
         if not prof.samples:  # its start-up alone (importing torch) is seconds of CPU: the events never reached it
             return None, cpu_profile.NO_SAMPLES
         windows = [w for v in ((judge or {}).get("variants") or {}).values() if isinstance(v, dict)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU profile of every CPU example's honest solution at its own shape (session 18, docs/sandbox.md "Who computed:
+# The CPU profile of every CPU example's honest solution at its own shape (sessions 18 and 19, docs/sandbox.md "Who computed:
 # the CPU profile"): reward, violations and evidence.cpu_profile per example. Run from the repository root.
 set -u
 for ex in skills/examples/cpu_*; do

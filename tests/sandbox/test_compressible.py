@@ -38,11 +38,12 @@ def test_a_forged_clock_with_outputs_in_place_gets_no_speed_tier_on_a_single_pas
     te, tc = tm["eager"]["median_s"], tm["compile"]["median_s"]
     assert res["correct"], why
     assert milestone_reward(True, True, tm["candidate"]["median_s"], te, tc) == 3.0, why  # the claim: forged
-    # the reward is the tier of the charged time, and the charge (the judge's copies of one call) is no faster than
-    # the faster reference's whole call: a single-pass kernel, so no claim here buys the top tier
-    assert ev["reward_time_s"] >= ev["compressible_s"] > 0, why
+    # the reward is the tier of the charged time, and the charge (the judge's copies of one call) is about the faster
+    # reference's whole call: a single-pass kernel, so no claim here buys the top tier (on a quiet host the charge
+    # exceeds it; CI's loaded host once timed eager's ReLU at 7.27 ms against a 5.98 ms charge, reward 1)
+    assert ev["reward_time_s"] >= ev["compressible_s"] > 0.5 * min(te, tc), why
     assert res["reward"] == milestone_reward(True, True, ev["reward_time_s"], te, tc), why
-    assert res["reward"] < 3.0 and ev["compressible_s"] > min(te, tc), why
+    assert res["reward"] < 3.0, why
     # where the two references agree (within 1.5x) the eager tier is lost as well; CI's loaded host once measured
     # eager's ReLU far above compile's, and the charged time then beat eager alone (reward 2)
     if max(te, tc) < 1.5 * min(te, tc):
