@@ -4,14 +4,16 @@ The events are attached in two steps, because neither alone is certain to reach 
 server, a grandchild of the sandbox's launcher) exactly once:
 
 1. `start()`, right after the spawn: every thread of the launcher's tree, with `inherit`, so the server has events from
-   its first instruction even if it is born a microsecond later. A scan of /proc can miss a child being forked while its
-   parent is attached (the kernel copies the parent's events at fork; /proc lists the child a little later, and its
-   `children` file is not stable while the tree changes), so this step alone missed the server in a few % of sessions.
+   its first instruction even if it is born a microsecond later. This step alone left the server without samples in a
+   few % of CI's sessions; the likely cause: a scan of /proc misses a child being forked while its parent is attached
+   (the kernel copies the parent's events at fork, /proc lists the child a little later, and its `children` file is
+   not stable while the tree changes).
 2. once the server is found (by its command line, long before any candidate code loads: it is still importing torch),
    every thread of it is attached directly, and then the launcher-tree events are switched off (an ioctl on an event
    reaches its inherited copies too). From then on each of its threads carries one live event: two would double the
-   sampling cost (~7 % of a busy thread's CPU time each on a VM) and the counts. Its later threads inherit the direct
-   events. Samples are kept only from the direct events (a sample names its top-level event: PERF_SAMPLE_ID).
+   sampling cost (5-8 % of a busy thread's CPU time each on this VM: docs/sandbox/cpu_sampler_overhead.txt) and the
+   counts. Its later threads inherit the direct events. Samples are kept only from the direct events (a sample names
+   its top-level event: PERF_SAMPLE_ID).
 
 A thread of the server born while its direct events were being attached may carry neither: each later pass attaches any
 thread not attached yet whose start time (/proc/TID/stat) is not clearly after the last attach.
