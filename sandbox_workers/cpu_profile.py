@@ -22,11 +22,12 @@ import os
 import re
 import sys
 
-from sandbox_workers.cpu_sampler import Mapping, Profile, ProfileUnavailable, Sampler, find
+from sandbox_workers.cpu_sampler import NO_SAMPLE_IP, Mapping, Profile, ProfileUnavailable, Sampler, find
 
 log = logging.getLogger(__name__)
 __all__ = ["Mapping", "Profile", "ProfileUnavailable", "Sampler", "foreign_time", "foreign_compute", "compute_floor"]
 
+# the runtime a candidate's library may run in: matched on the file's name, and only for files the worker
 # itself sees at the same path with the same device and inode (a copy under /tmp with one of these names is not)
 RUNTIME = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|ld-linux[-\w.]*|libstdc\+\+|libgcc_s|libgomp[-\w]*|libffi"
                      r"|libpython3[.\d]*|python3[.\d]*)(\.so[.\d]*)?$")
@@ -97,6 +98,8 @@ def foreign_time(prof: Profile, windows: list[list[int]], own_file: str | None, 
         m = find(prof.maps, ip)
         if prof.churned:
             name = "[executable mappings changed too often]"
+        elif ip == NO_SAMPLE_IP:
+            name = "[threads that ended before a sample]"
         elif m is not None and len(index) > 1 and _remapped(index, ip, m):
             # another file was mapped at this address in another snapshot: which one ran here is not known
             name = "[remapped]"

@@ -16,7 +16,12 @@ server, a grandchild of the sandbox's launcher) exactly once:
    its top-level event: PERF_SAMPLE_ID).
 
 A thread of the server born while its direct events were being attached may carry neither: each later pass attaches any
-thread not attached yet whose start time (/proc/TID/stat) is not clearly after the last attach.
+thread not attached yet whose start time (/proc/TID/stat) is not clearly after the last attach (one that had inherited
+them after all is then counted twice: charged to the candidate, never hidden).
+
+Each sample weighs its thread's CPU time since its previous sample (the event's count, PERF_SAMPLE_READ); when an
+inherited event's thread exits it reports its final count (PERF_RECORD_READ), so a thread that never ran a whole
+period, or the tail after its last sample, is not lost.
 """
 from __future__ import annotations
 
@@ -35,10 +40,11 @@ log = logging.getLogger(__name__)
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine)
 _PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_TASK_CLOCK = 1, 1
 _SAMPLE_IP, _SAMPLE_TID, _SAMPLE_TIME, _SAMPLE_READ, _SAMPLE_ID = 1, 2, 4, 16, 64
-_INHERIT, _EXCLUDE_KERNEL, _EXCLUDE_HV, _USE_CLOCKID = 1 << 1, 1 << 5, 1 << 6, 1 << 25
+_INHERIT, _EXCLUDE_KERNEL, _EXCLUDE_HV, _INHERIT_STAT, _SAMPLE_ID_ALL, _USE_CLOCKID = 1 << 1, 1 << 5, 1 << 6, 1 << 11, 1 << 18, 1 << 25
 _FLAG_FD_CLOEXEC = 1 << 3
 _IOC_DISABLE, _IOC_SET_OUTPUT, _IOC_ID = 0x2401, 0x2405, 0x80082407
-_RECORD_SAMPLE, _RECORD_LOST = 9, 2
+_RECORD_SAMPLE, _RECORD_LOST, _RECORD_READ = 9, 2, 8
+NO_SAMPLE_IP = 0  # a thread's CPU time that no sample of it located (see _drain_one): foreign
 _PAGES = 32  # ring buffer data pages per CPU (128 KiB: ~3k samples, ~0.8 s of one busy thread between drains)
 DRAIN_S = 0.05
 MAPS_S = 0.25
@@ -79,8 +85,9 @@ def _attr(period_ns: int) -> ctypes.Array:
     buf = bytearray(128)
     struct.pack_into("IIQQQ", buf, 0, _PERF_TYPE_SOFTWARE, 128, _PERF_COUNT_SW_TASK_CLOCK, period_ns,
                      _SAMPLE_IP | _SAMPLE_TID | _SAMPLE_TIME | _SAMPLE_ID | _SAMPLE_READ)
-    # enabled at open: a thread forked from one already attached inherits a live event, never a switched-off one
-    struct.pack_into("Q", buf, 40, _INHERIT | _EXCLUDE_KERNEL | _EXCLUDE_HV | _USE_CLOCKID)
+    # enabled at open: a thread forked from one already attached inherits a live event, never a switched-off one;
+    # inherit_stat: an inherited event reports its final count when its thread exits (PERF_RECORD_READ)
+    struct.pack_into("Q", buf, 40, _INHERIT | _EXCLUDE_KERNEL | _EXCLUDE_HV | _INHERIT_STAT | _SAMPLE_ID_ALL | _USE_CLOCKID)
     struct.pack_into("i", buf, 92, time.CLOCK_MONOTONIC)
     return (ctypes.c_char * 128).from_buffer(buf)
 
@@ -170,7 +177,8 @@ class Sampler:
         self._direct: set[int] = set()  # threads of the process attached directly (step 2)
         self._direct_ids: set[int] = set()  # their events' ids: the only samples kept
         self._later: set[int] = set()  # threads born after an attach: they inherited the direct events
-        self._last_count: dict[tuple[int, int, int], int] = {}  # (thread, cpu, event id) -> its count at the last sample
+        self._last_count: dict[tuple[int, int, int], int] = {}  # (thread, cpu, event id) -> count at its last sample
+        self._last_ip: dict[tuple[int, int, int], int] = {}  # ... and where that sample was
         self._last_attach_tick = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,15 +188,15 @@ class Sampler:
     # ------------------------------------------------------------------ attach
     def start(self) -> "Sampler":
         try:
-            for _ in range(50):  # until a scan finds no thread it has not attached: the rest inherit the events
+            if not self.marker:  # the root is the process: step 2 at once
+                self._take_over(self.root)
+            for _ in range(50 if self.marker else 0):  # until a scan finds no new thread: the rest inherit the events
                 new = [t for t in self._initial_tids() if t not in self._attached]
                 if not new:
                     break
                 for tid in new:
                     self._tree_fds += self._attach(tid)
                     self._attached.add(tid)
-            if not self.marker:  # the root is the process: attach it directly now
-                self._take_over(self.root)
         except OSError as exc:
             self.close()
             raise ProfileUnavailable(str(exc)) from exc
@@ -227,6 +235,7 @@ class Sampler:
                 self._direct_ids |= ids
             self._direct.add(tid)
         self._last_attach_tick = time.clock_gettime(time.CLOCK_BOOTTIME) * _TICK
+        self.prof.threads = len(self._direct)
 
     def _take_over(self, pid: int) -> None:
         """Step 2: the process's threads get events of their own; the launcher tree's are switched off."""
@@ -238,7 +247,6 @@ class Sampler:
         for fd in self._tree_fds:
             _ioctl(fd, _IOC_DISABLE)
         self._pid = self.prof.pid = pid
-        self.prof.threads = len(self._direct)
 
     def _follow(self) -> None:
         """Attach threads that may have been born while their creator was being attached (see the module's note)."""
@@ -253,7 +261,6 @@ class Sampler:
         if late:
             log.info("cpu profile of %d: %d thread(s) born during the attach, attached now", self._pid, len(late))
             self._attach_direct(late)
-            self.prof.threads = len(self._direct)
 
     # ------------------------------------------------------------------ read
     def _loop(self) -> None:
@@ -272,7 +279,7 @@ class Sampler:
             n = len(self.prof.samples)
             self.drain()
             # a sample outside every mapping seen: the code it ran in was mapped since, snapshot it while it is
-            if time.monotonic() >= next_maps or any(find(self.prof.maps[-1:], ip) is None
+            if time.monotonic() >= next_maps or any(ip != NO_SAMPLE_IP and find(self.prof.maps[-1:], ip) is None
                                                     for _, ip, _w in self.prof.samples[n:]):
                 self.snapshot_maps()
                 next_maps = time.monotonic() + MAPS_S
@@ -297,7 +304,7 @@ class Sampler:
         tail = struct.unpack_from("Q", ring, 1032)[0]
         size = _PAGES * mmap.PAGESIZE
         base = mmap.PAGESIZE
-        samples, keep, last = self.prof.samples, self._direct_ids, self._last_count
+        samples, keep, last, where = self.prof.samples, self._direct_ids, self._last_count, self._last_ip
         while tail < head:
             off = tail % size
             typ, _misc, rsize = struct.unpack("IHH", _wrapped(ring, base, size, off, 8))
@@ -305,12 +312,24 @@ class Sampler:
                 break
             if typ == _RECORD_SAMPLE:
                 ip, pid, tid, t, eid, count = struct.unpack("QIIQQQ", _wrapped(ring, base, size, (off + 8) % size, 40))
-                if eid in keep and pid == self._pid:  # its own events (and inherited copies): each thread once
+                if eid in keep and pid == self._pid:  # its own events (and inherited copies)
                     # the thread's CPU time since its previous sample on this CPU, as the event counted it: the
-                    # timer behind the samples fires late and irregularly on a VM (a sample per ~3 periods here)
+                    # timer behind the samples fires late and irregularly on a VM (a sample per ~3 periods here). A
+                    # count below the last one is a new thread under a reused id (pid_max can be 32768): its count
+                    # is all its own, never a negative weight that would cancel another thread's time
                     key = (tid, cpu, eid)
-                    samples.append((t, ip, count - last.get(key, 0)))
-                    last[key] = count
+                    prev = last.get(key, 0)
+                    samples.append((t, ip, count - prev if count >= prev else count))
+                    last[key], where[key] = count, ip
+            elif typ == _RECORD_READ:  # an inherited event's thread exited: the CPU time since its last sample
+                pid, tid, count, _p, _t, t, eid = struct.unpack("IIQIIQQ", _wrapped(ring, base, size, (off + 8) % size, 40))
+                key = (tid, cpu, eid)
+                if eid in keep and pid == self._pid and count > last.get(key, 0):
+                    # a thread that never ran a whole sampling period (many short threads could run torch unseen
+                    # that way) has no sample to say where its time went: foreign (NO_SAMPLE_IP maps to nothing)
+                    samples.append((t, where.get(key, NO_SAMPLE_IP), count - last.get(key, 0)))
+                last.pop(key, None)
+                where.pop(key, None)
             elif typ == _RECORD_LOST:
                 self.prof.lost += struct.unpack("QQ", _wrapped(ring, base, size, (off + 8) % size, 16))[1]
             tail += rsize

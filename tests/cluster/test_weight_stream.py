@@ -16,6 +16,7 @@ import pytest
 
 from cluster.weights import stream as ws
 from cluster.weights import transport as wt
+from tests.sockets import listening_sockets
 
 from .weights_receiver import receive_in_child
 from .weights_receiver import spawn as _child
@@ -183,29 +184,8 @@ def test_backend_choice_is_validated(monkeypatch):
 
 
 def listening(port: int) -> set[str]:
-    """The local addresses this process listens on with TCP port ``port`` (from /proc/net/tcp and tcp6; another
-    process may listen on the same port number at another address: a CI run once found one on 127.0.0.1)."""
-    import ipaddress
-
-    own = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            own.add(link[8:-1])
-    found = set()
-    for name, width in (("tcp", 8), ("tcp6", 32)):
-        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
-            cols = line.split()
-            local, state = cols[1], cols[3]
-            addr_hex, port_hex = local.split(":")
-            if state != "0A" or int(port_hex, 16) != port or cols[9] not in own:  # 0A = LISTEN
-                continue
-            raw = b"".join(bytes.fromhex(addr_hex[i:i + 8])[::-1] for i in range(0, width, 8))  # host-order words
-            found.add(str(ipaddress.ip_address(raw)))
-    return found
+    """The local addresses this process listens on with TCP port ``port``."""
+    return {addr for addr, p in listening_sockets() if p == port}
 
 
 def test_servers_listen_on_the_configured_address_only(src, tmp_path):
