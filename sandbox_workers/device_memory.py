@@ -130,10 +130,13 @@ def device_total_bytes(backend: str) -> int:
         return 0
 
 
-def budget_for(sb, backend: str, jobs: int, reserved_sessions: int = 0) -> MemoryBudget | None:
+def budget_for(sb, backend: str, jobs: int) -> MemoryBudget | None:
     """``sandbox.job_memory_budget_gb``: > 0 that many GB on any backend; 0 none; < 0 (default) on CUDA
-    ``sandbox.device_memory_fraction`` of the device's memory less a context pair per pre-started session
-    (`reserved_sessions`), none on CPU. None also for one job per device."""
+    ``sandbox.device_memory_fraction`` of the device's memory, none on CPU. None also for one job per device.
+    Nothing is set aside for pre-started sessions: their processes touch the device only once their job starts
+    (serve.py's lock_down, the judge's first CUDA call), inside that job's hold (tests/sandbox/test_gpu_pool.py).
+    Setting 1 GB aside per pre-started session, as before, took 16 GB of an 80 GB H100 at the defaults and ran
+    KernelBench's largest level-1 tasks alone (docs/oracle-gpu.md "Session 20")."""
     gb = float(getattr(sb, "job_memory_budget_gb", -1.0))
     if jobs <= 1 or gb == 0:
         return None
@@ -142,6 +145,6 @@ def budget_for(sb, backend: str, jobs: int, reserved_sessions: int = 0) -> Memor
     total = device_total_bytes(backend)
     if not total:
         return None
-    budget = int(total * float(getattr(sb, "device_memory_fraction", 0.9))) - reserved_sessions * CONTEXT_BYTES
+    budget = int(total * float(getattr(sb, "device_memory_fraction", 0.9)))
     log.info("device memory budget for %d jobs: %.1f GB of %.1f GB", jobs, budget / GB, total / GB)
     return MemoryBudget(max(budget, CONTEXT_BYTES))

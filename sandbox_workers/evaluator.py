@@ -54,9 +54,8 @@ class Evaluator:
         self.gate = device_gate.for_device(self.device_key, freeze=self.jobs > 1, nvml=cuda,
                                            idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0)
         self._tls = threading.local()  # the gate's records of the job on this thread
-        # several jobs per device: admitted while their memory fits (pre-started sessions' contexts set aside)
-        pool = max(1, self.sb.warm_pool) * self.jobs if cuda else 0
-        self.memory = device_memory.budget_for(self.sb, self.backend, self.jobs, reserved_sessions=pool)
+        # several jobs per device: admitted while their memory fits
+        self.memory = device_memory.budget_for(self.sb, self.backend, self.jobs)
         self.profile = cpu_profile.enabled(self.sb, self.backend)  # the candidate's CPU time, sampled from outside
 
     # ------------------------------------------------------------------ public

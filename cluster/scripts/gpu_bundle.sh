@@ -7,7 +7,8 @@ set -euo pipefail
 OUTD=${1:-.gpukafka}
 CACHE=${KERNELRL_CACHE:-$HOME/.cache/kernelrl}
 KAFKA=$(ls -d "$CACHE"/kafka-*/ | head -1)
-[ -d "$KAFKA/libs" ] || { echo "no Kafka jars in $CACHE (run: kernelrl broker fetch)" >&2; exit 1; }
+# the marker fetch.py writes last: without it the device's broker would call Maven (absent there) to fetch again
+[ -f "$KAFKA/libs/.complete" ] || { echo "no complete Kafka jars in $CACHE (run: kernelrl broker fetch)" >&2; exit 1; }
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$OUTD/wheels" "$TMP/b"
 cp -r "$KAFKA" "$TMP/b/$(basename "$KAFKA")"

@@ -123,6 +123,33 @@ def test_the_budget_follows_the_config():
     assert budget_for(sb, "cuda", jobs=4) is None
 
 
+def test_the_cuda_default_is_the_device_fraction_whole(monkeypatch):
+    """Nothing set aside for pre-started sessions (they touch the device only in their job: test_gpu_pool.py).
+    With the H100's measured needs (50.2 and 36.8 GB reported by the judges of KernelBench's largest level-1
+    tasks, 2026-12-07), the largest no longer runs alone: a small job is admitted beside it."""
+    from cluster.config import Config
+    from sandbox_workers import device_memory
+
+    monkeypatch.setattr(device_memory, "device_total_bytes", lambda backend: int(79.6 * GB))
+    sb = Config().sandbox
+    budget = budget_for(sb, "cuda", jobs=4)
+    assert budget.total == int(int(79.6 * GB) * sb.device_memory_fraction)
+    budget.learn("large", int(50.2 * GB))
+    budget.learn("small", int(2.5 * GB))
+    entered = threading.Event()
+
+    def small_job():
+        with budget.hold(budget.need("small")):
+            entered.set()
+
+    with budget.hold(budget.need("large")) as big:
+        assert not big["alone"]
+        t = threading.Thread(target=small_job, daemon=True)
+        t.start()
+        assert entered.wait(5.0), "a 4 GB job was not admitted beside the 64 GB one on a 72 GB budget"
+    t.join(5.0)
+
+
 def test_a_bad_memory_fraction_is_refused_by_name():
     from cluster.config import ConfigError, load
 
