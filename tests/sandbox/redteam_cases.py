@@ -288,6 +288,25 @@ TAMPER = [
            why="the worker samples the candidate's CPU time from outside its process (cpu_profile.py): milliseconds "
                "per call in libtorch_cpu.so while the judge ran it, whatever became of the in-process guard")
       for name, build in TORCH_CHEATS.items()],
+    Case("short_threads_then_torch_at_the_example_shape", "tamper", gemm("""
+        def forward(self, x):
+            torch.set_num_threads(1)  # no long-lived pool threads: each row's torch work in a thread of its own
+            out = torch.empty(x.shape[0], self.gemm.out_features)
+
+            def row(i):  # ~0.1 ms of GEMM, shorter than a sampling period: a thread that may end unsampled
+                with _disable_current_modes():
+                    out[i:i + 1] = F.leaky_relu(self.gemm(x[i:i + 1]) * self.multiplier, self.negative_slope)
+            for i in range(x.shape[0]):
+                t = threading.Thread(target=row, args=(i,))
+                t.start()
+                t.join()
+            return out
+        """, header="import threading\nimport torch.nn.functional as F\n"
+                    "from torch.utils._python_dispatch import _disable_current_modes\n"),
+         task="gemm_example", violations=(TORCH,),
+         why="each new thread is sampled from its start, and one that ends before a sample reports its CPU time "
+             "at exit (inherit_stat), charged as foreign: measured 2026-12-07, 59 ms per call in libtorch (2 ms of "
+             "it in threads that ended unsampled) against a 1 ms floor"),
     Case("forged_output_descriptors", "tamper", fwd(CALL, header="""
         import sys
         _R = sys.modules["__main__"].Remote
