@@ -47,7 +47,10 @@ for step in ${STEPS:-warm count:4}; do
     warm) start_eval 4 "" warm; n=$(ls -d skills/examples/cuda_${EX:-[1-4]*} | wc -l)
           log "warm: $n examples at once"; stress warm 1 $n
           tar -czf "$OUT/cache.tgz" -C $KERNELRL_CACHE baselines ;;
-    count:*) IFS=: read -r _ j p n <<< "$step"; n=${n:-$(( j / 4 + 1 ))}; start_eval "$j" "$p" "s$(( ${k:-0} + 1 ))j$j"
+    count:*) IFS=: read -r _ j p n <<< "$step"; n=${n:-$(( j / 4 + 1 ))}
+          # the warm-up, the stress and the drain take ~2x STRESS_S + 30 s (session 20's count:6 was cut off without its JSON)
+          [ $(( $(el) + 2 * ${STRESS_S:-75} + 30 )) -gt "${END_S:-560}" ] && { log "no time left for $step"; break; }
+          start_eval "$j" "$p" "s$(( ${k:-0} + 1 ))j$j"
           log "count: jobs_per_device=$j warm_pool=${p:-default}, ${STRESS_S:-75} s, $n in flight per partition"
           k=$(( ${k:-0} + 1 )); stress "s${k}j$j${p:+p$p}" ${STRESS_S:-75} ${RATE:-in-flight:$n} ;;
     env:*) kv=${step#env:}; export "$kv"; log "env $kv" ;;
