@@ -170,7 +170,8 @@ def run_stress(cfg, backend: str, duration_s: float, rate: float, tasks_dir: str
             busy[reply.worker] = busy.get(reply.worker, 0.0) + float(reply.duration_s)
             if kind == "evaluate":
                 events.append((t0 + lat, -1))
-                holds.extend(h for h in (reply.evidence or {}).get("gate") or [] if isinstance(h, dict))
+                job = len(events)  # names this reply's holds (the timeline's gaps by active jobs)
+                holds.extend(dict(h, job=job) for h in (reply.evidence or {}).get("gate") or [] if isinstance(h, dict))
                 cand = (reply.timings or {}).get("candidate") or {}
                 for name, sec in timed_trial(cand).items():
                     trial.setdefault(name, []).append(sec)

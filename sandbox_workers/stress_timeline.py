@@ -9,7 +9,9 @@ taken every 0.2 s it reports, over the time the worker had at least as many requ
   and the drain of the last replies);
 - the share of that time some job held the device exclusively (timing, probe, baselines), per phase;
 - the mean utilisation while an exclusive hold was open and while none was, and the gaps between one exclusive
-  hold's release and the next one's grant (the device's hand-over).
+  hold's release and the next one's grant (the device's hand-over), counted and summed by how many jobs were active
+  in them where the holds name their job (``job``: a job spans its first request to its last release, so its judge's
+  start is not in it: in a gap with none active, every job was starting).
 
 Nothing here is trusted for a reward: it reads results to describe a run.
 """
@@ -77,10 +79,14 @@ def report(samples: list[tuple[float, float]], holds: list[dict], events: list[t
                 phase = str(h.get("phase") or "?")  # e.g. "probe", "candidate.timing", "eager.timing"
                 by_phase.setdefault(phase, []).append((float(h["t0"]), float(h["t1"])))
         out["exclusive_share_by_phase"] = {p: round(overlap(iv, window) / span, 4) for p, iv in sorted(by_phase.items())}
-        gaps = handovers(excl, window)
+        spans = handover_spans(excl, window)
+        gaps = [b - a for a, b in spans]
         if gaps:
             out["handover_gap_s"] = {"n": len(gaps), "p50": round(statistics.median(gaps), 4),
                                      "mean": round(statistics.fmean(gaps), 4), "sum": round(sum(gaps), 3)}
+            by_active = gaps_by_active_jobs(spans, holds)
+            if by_active:
+                out["handover_gap_s"]["by_active_jobs"] = by_active
     # each NVML reading covers the period before it: a sample belongs where its period's middle lies
     mid = [(t - interval_s / 2, u) for t, u in samples]
     sat = [u for t, u in mid if inside(t, window)]
@@ -95,9 +101,30 @@ def report(samples: list[tuple[float, float]], holds: list[dict], events: list[t
     return out
 
 
-def handovers(excl: list[Interval], window: list[Interval]) -> list[float]:
-    """Seconds between one exclusive hold's release and the next one's grant, where both lie in the saturated
-    window (a gap that spans its edge is the ramp, not a hand-over)."""
+def handover_spans(excl: list[Interval], window: list[Interval]) -> list[Interval]:
+    """From one exclusive hold's release to the next one's grant, where both lie in the saturated window (a gap
+    that spans its edge is the ramp, not a hand-over)."""
     xs = union(excl)
-    return [b0 - a1 for (_, a1), (b0, _) in zip(xs, xs[1:])
-            if any(a <= a1 and b0 <= b for a, b in window)]
+    return [(a1, b0) for (_, a1), (b0, _) in zip(xs, xs[1:]) if any(a <= a1 and b0 <= b for a, b in window)]
+
+
+def gaps_by_active_jobs(gaps: list[Interval], holds: list[dict]) -> dict[str, dict]:
+    """{active jobs at the gap's middle: {n, sum}}; empty when the holds do not name their jobs."""
+    spans: dict[object, list[float]] = {}
+    for h in holds:
+        job, t1 = h.get("job"), h.get("t1")
+        start = h.get("t_request", h.get("t0"))
+        if job is None or not isinstance(start, (int, float)) or not isinstance(t1, (int, float)):
+            continue
+        lo_hi = spans.setdefault(job, [float(start), float(t1)])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], float(start)), max(lo_hi[1], float(t1))
+    if not spans:
+        return {}
+    out: dict[str, dict] = {}
+    for a, b in gaps:
+        mid = (a + b) / 2
+        k = str(sum(1 for lo, hi in spans.values() if lo <= mid <= hi))
+        row = out.setdefault(k, {"n": 0, "sum": 0.0})
+        row["n"] += 1
+        row["sum"] = round(row["sum"] + (b - a), 3)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))

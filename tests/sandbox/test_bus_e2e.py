@@ -119,6 +119,8 @@ def test_cpu_oracle_through_the_bus(oracle_cfg, spawn, tmp_path):
     tl = report["timeline"]
     assert tl["saturated_s"] > 0 and tl["exclusive_holds"] >= report["evaluate"]["n"], tl
     assert 0 < tl["exclusive_share"] <= 1 and "candidate.timing" in tl["exclusive_share_by_phase"], tl
+    gaps = tl.get("handover_gap_s")  # each hand-over counted once by the jobs active in it (the replies name theirs)
+    assert gaps is None or sum(r["n"] for r in gaps["by_active_jobs"].values()) == gaps["n"], tl
     # a timed trial's wall, split: the judge's preparation and check around the candidate's run round trip
     trial = report["timed_trial"]
     assert trial["run_s"]["p50_s"] >= trial["claimed_calls_s"]["p50_s"] > 0 and trial["trials"]["p50_s"] >= 5, trial

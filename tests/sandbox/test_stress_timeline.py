@@ -27,6 +27,27 @@ def test_exclusive_share_busy_inside_and_outside_and_the_handovers():
     assert abs(r["busy_at_saturation"] - 0.6) < 1e-9 and r["samples_at_saturation"] == 50
 
 
+def test_handover_gaps_by_the_jobs_active_in_them():
+    events = [(0, 1), (0, 1), (20, -1), (20, -1)]  # saturated from 0 to 20
+    holds = [  # job 1: 0-8, timed 2-3 and 6-7; job 2: 3.5-12, timed 9-10; job 3: 13-19, timed 15-16
+        {"job": 1, "mode": "shared", "phase": "reference", "t_request": 0.0, "t0": 0.0, "t1": 1.0},
+        {"job": 1, "mode": "exclusive", "phase": "probe", "t_request": 1.0, "t0": 2.0, "t1": 3.0},
+        {"job": 1, "mode": "exclusive", "phase": "candidate.timing", "t_request": 5.0, "t0": 6.0, "t1": 7.0},
+        {"job": 1, "mode": "shared", "phase": "x", "t_request": 7.0, "t0": 7.0, "t1": 8.0},
+        {"job": 2, "mode": "shared", "phase": "reference", "t_request": 3.5, "t0": 3.5, "t1": 4.0},
+        {"job": 2, "mode": "exclusive", "phase": "candidate.timing", "t_request": 8.5, "t0": 9.0, "t1": 10.0},
+        {"job": 2, "mode": "shared", "phase": "x", "t_request": 11.0, "t0": 11.0, "t1": 12.0},
+        {"job": 3, "mode": "shared", "phase": "reference", "t_request": 13.0, "t0": 13.0, "t1": 14.0},
+        {"job": 3, "mode": "exclusive", "phase": "candidate.timing", "t_request": 14.0, "t0": 15.0, "t1": 16.0},
+        {"job": 3, "mode": "shared", "phase": "x", "t_request": 18.0, "t0": 18.0, "t1": 19.0}]
+    r = tl.report([], holds, events, slots=2)
+    # gaps 3-6 (middle 4.5: jobs 1 and 2), 7-9 (8: jobs 1 and 2), 10-15 (12.5: neither, job 2 ended at 12)
+    assert r["handover_gap_s"]["n"] == 3 and r["handover_gap_s"]["sum"] == 10.0
+    assert r["handover_gap_s"]["by_active_jobs"] == {"0": {"n": 1, "sum": 5.0}, "2": {"n": 2, "sum": 5.0}}
+    untagged = [{k: v for k, v in h.items() if k != "job"} for h in holds]
+    assert "by_active_jobs" not in tl.report([], untagged, events, slots=2)["handover_gap_s"]
+
+
 def test_no_gpu_no_samples_no_busy_figures():
     r = tl.report([], [{"mode": "exclusive", "phase": "probe", "t0": 0.0, "t1": 1.0}], [(0, 1), (4, -1)], slots=1)
     assert r["exclusive_share"] == 0.25 and "busy_at_saturation" not in r
