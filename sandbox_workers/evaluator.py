@@ -401,22 +401,13 @@ class Evaluator:
             if meta and meta.get("eager", {}).get("median_s") and not noisy(meta, self.sb.baseline_max_cv) \
                     and not meta.get("gate_noisy"):
                 return dict(meta, cached=True)
-            variants = [{"name": "eager", "module": "krl_task", "cls": "Model", "source": task_source,
-                         "checked": False}]
-            if self.sb.compile_baseline:
-                variants.append(dict(variants[0], name="compile", compile=True))
-            spec = self._spec(task_source, True, variants)
-            spec["deadline_s"] = self.sb.reference_timeout_s  # torch.compile's first compile is slow
-            out = self._session("baseline", spec)
-            judge = out.judge or {}
-            eager = (judge.get("variants") or {}).get("eager") or {}
-            if not judge.get("ok") or not eager.get("ok") or not eager.get("timing"):
-                why = judge.get("error") or eager.get("error") or out.judge_log[-1500:] or "no result"
-                raise ReferenceFailure(f"the baseline run failed: {why}\n{out.remote_log[-1500:]}".strip())
-            found = {}
-            for name, v in judge["variants"].items():
-                found[name] = dict(v["timing"], first_call_s=v.get("first_call_s", 0.0)) if v.get("ok") \
-                    and v.get("timing") else {"error": v.get("error", "failed")[:2000]}
+            found, judge = self._measure_baselines(task_source)
+            if noisy(found, self.sb.baseline_max_cv):
+                # this evaluation's reward reads them now: a noisy one (a burst of load inflates medians, and a
+                # forged claim then reaches a tier it should not: tests/sandbox/test_compressible.py) is timed once
+                # more at once, the faster of each kept
+                again, judge2 = self._measure_baselines(task_source)
+                found, judge = keep_faster(found, again, self.sb.baseline_max_cv), judge2
             if meta:
                 found = keep_faster(meta, found, self.sb.baseline_max_cv)
             found["versions"] = judge.get("versions", {})
@@ -427,6 +418,25 @@ class Evaluator:
             found["gate_noisy"] = bool(judge.get("gate_noisy"))
             (d / "baselines.json").write_text(json.dumps(found))
             return dict(found, cached=False, phases=judge.get("phases", {}))
+
+    def _measure_baselines(self, task_source: str) -> tuple[dict, dict]:
+        """One baseline session: each variant's timing (or its error), and the judge's result."""
+        variants = [{"name": "eager", "module": "krl_task", "cls": "Model", "source": task_source, "checked": False}]
+        if self.sb.compile_baseline:
+            variants.append(dict(variants[0], name="compile", compile=True))
+        spec = self._spec(task_source, True, variants)
+        spec["deadline_s"] = self.sb.reference_timeout_s  # torch.compile's first compile is slow
+        out = self._session("baseline", spec)
+        judge = out.judge or {}
+        eager = (judge.get("variants") or {}).get("eager") or {}
+        if not judge.get("ok") or not eager.get("ok") or not eager.get("timing"):
+            why = judge.get("error") or eager.get("error") or out.judge_log[-1500:] or "no result"
+            raise ReferenceFailure(f"the baseline run failed: {why}\n{out.remote_log[-1500:]}".strip())
+        found = {}
+        for name, v in judge["variants"].items():
+            found[name] = dict(v["timing"], first_call_s=v.get("first_call_s", 0.0)) if v.get("ok") \
+                and v.get("timing") else {"error": v.get("error", "failed")[:2000]}
+        return found, judge
 
     def _timing_spec(self) -> dict:
         sb = self.sb

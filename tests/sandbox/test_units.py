@@ -208,3 +208,29 @@ def test_noisy_baselines_are_measured_again_and_the_faster_kept(sandbox_cache, t
         assert third["cached"] and third["eager"] == second["eager"]
     finally:
         ev.close()
+
+
+def test_a_noisy_fresh_baseline_is_timed_again_before_this_evaluation_reads_it(sandbox_cache, tmp_path, monkeypatch):
+    """The one-shot path: a burst of load while the baselines were timed inflates their medians, and this very
+    evaluation's reward would read them (a forged claim reached the top tier that way in CI): one more measurement
+    at once, the faster of each variant kept; a steady one is not measured twice."""
+    from sandbox_workers.evaluator import Evaluator
+    from tests.sandbox.conftest import fast_cfg
+
+    cfg = fast_cfg(sandbox_cache)
+    cfg.sandbox.baseline_cache_dir = str(tmp_path / "baselines")
+    ev = Evaluator(cfg, "cpu")
+    runs = [({"eager": {"median_s": 9.8e-3, "cv": 0.9}, "compile": {"median_s": 13.9e-3, "cv": 1.05}}, {}),
+            ({"eager": {"median_s": 6.0e-3, "cv": 0.03}, "compile": {"median_s": 6.2e-3, "cv": 0.04}}, {}),
+            ({"eager": {"median_s": 5.0e-3, "cv": 0.02}}, {})]
+    calls = []
+    monkeypatch.setattr(ev, "_measure_baselines", lambda src: calls.append(src) or runs[len(calls) - 1])
+    try:
+        got = ev.baselines("noisy task")
+        assert len(calls) == 2 and got["eager"]["median_s"] == 6.0e-3 and got["compile"]["median_s"] == 6.2e-3
+        calls.clear()
+        runs[0] = runs[2]
+        steady = ev.baselines("steady task")
+        assert len(calls) == 1 and steady["eager"]["median_s"] == 5.0e-3
+    finally:
+        ev.close()
