@@ -11,30 +11,11 @@ import time
 
 import pytest
 
+from sandbox_workers.device_gate import descendants
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 from tests.sandbox.kernelbench_cases import RELU_KB_CUDA
 
 pytestmark = pytest.mark.gpu
-
-
-def _descendants(pids: list[int]) -> set[int]:
-    """The processes under `pids` (bubblewrap's children included), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = set(), list(pids)
-    while todo:
-        p = todo.pop()
-        if p not in out:
-            out.add(p)
-            todo.extend(children.get(p, []))
-    return out
 
 
 def _device_state() -> tuple[set[int], int]:
@@ -68,7 +49,7 @@ def test_pre_started_sessions_hold_no_device_memory(sb_cfg):
         assert res["correct"], res["error"]
         pool = ev._ready["candidate"]
         assert len(pool) == 4 and all(s.alive() for s in pool)  # 2 jobs x a pool of 2, refilled after the job
-        waiting = _descendants([p.pid for s in pool for p in s.procs])
+        waiting = set(descendants([p.pid for s in pool for p in s.procs]))
         seen: set[int] = set()
         for _ in range(20):  # 20 s: the pairs import torch and wait for their spec; none may make a context
             pids, used_pooled = _device_state()
