@@ -2,8 +2,9 @@
 
 Every rank calls ``export_policy`` (ZeRO-3 gathers parameters collectively);
 rank 0 writes the folder (safetensors + config + the base model's tokenizer
-files) and publishes it with cluster.weights.transport, announcing only once all
-bytes are durable. With ``learner.weight_layout = "buckets"`` (kafka) nothing is written:
+files) and publishes it with cluster.weights.transport: kafka announces once all bytes
+are durable in the log; fs and nccl once the version's folder is complete, its fsync
+following on a thread (a version found after a restart is verified first). With ``learner.weight_layout = "buckets"`` (kafka) nothing is written:
 rank 0 packs the gathered tensors into buckets (cluster.weights.buckets) and sends them from
 memory; actors load them straight into their engines.
 """
@@ -114,7 +115,13 @@ class Publisher:
             if ann is not None and self.producer is not None:
                 wt.announce(self.producer, ann)
             return ann, time.perf_counter() - t0
-        with tempfile.TemporaryDirectory(prefix=f"krl-export-v{version}-") as tmp:
+        # fs and nccl keep the version under fs_root: exported beside it (hidden from its readers), its files are
+        # linked into the version's folder instead of copied, and synced to disk off this path (publish_fs)
+        here = None
+        if self.transport in ("fs", "nccl") and eng.rank_world()[0] == 0:
+            here = Path(self.fs_root) / lc.model_name
+            here.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".krl-export-v{version}-", dir=here) as tmp:
             folder = export_policy(module, lc.zero_stage, tmp, base_path)
             ann = None
             if folder is not None:
@@ -127,9 +134,9 @@ class Publisher:
         if self.transport == "kafka":
             ann = wt.publish_kafka(self.producer, lc.model_name, version, folder, lc.chunk_bytes, step=step)
         elif self.transport == "nccl":
-            ann = self.stream.add(lc.model_name, version, folder, step=step)
+            ann = self.stream.add(lc.model_name, version, folder, step=step, take=True)
         else:
-            ann = wt.publish_fs(self.fs_root, lc.model_name, version, folder, step=step)
+            ann = wt.publish_fs(self.fs_root, lc.model_name, version, folder, step=step, take=True, sync=False)
         if self.producer is not None:
             wt.announce(self.producer, ann)
         log.info("published %s v%d (%d bytes via %s)", lc.model_name, version, ann.total_bytes, self.transport)
@@ -150,3 +157,5 @@ class Publisher:
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close(self.cfg.learner.weight_stream_drain_s)
+        if not wt.wait_durable(60.0):
+            log.warning("weights: the last versions were not on disk after 60 s (they are verified on a restart)")

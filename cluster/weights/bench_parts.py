@@ -155,7 +155,7 @@ def run_fs(cfg, bus, engine, folder, state, tmp: Path) -> dict:
     prod = bus.producer()
     try:
         t = time.perf_counter()
-        ann = wt.publish_fs(tmp / "fs", MODEL_NAME, v, export)
+        ann = wt.publish_fs(tmp / "fs", MODEL_NAME, v, export, take=True, sync=False)  # as the learner does
         wt.announce(prod, ann)
         st["publish_s"] = time.perf_counter() - t
     finally:
@@ -163,6 +163,7 @@ def run_fs(cfg, bus, engine, folder, state, tmp: Path) -> dict:
     got = _timed(st, "receive_s", wt.receive, None, ann, tmp / "actor")
     if engine is not None:
         _timed(st, "swap_s", engine.run, engine.policy.swap_weights(str(got), v))
+    wt.wait_durable()  # the version's fsync, off the clock as off the learner's path: not left to the next run
     shutil.rmtree(export)
     shutil.rmtree(got)
     return st

@@ -182,9 +182,11 @@ class WeightStreamServer:
         self._last = time.monotonic()  # announced (again): actors will ask for it shortly
         return dataclasses.replace(ann, transport="nccl", uri=self.uri(ann.model_name, ann.version))
 
-    def add(self, model_name: str, version: int, folder: str | Path, step: int = 0) -> WeightAnnouncement:
-        """Take a copy of ``folder`` as version ``version`` (durable before returning) and drop old versions."""
-        ann = wfs.publish_fs(self.root, model_name, version, folder, step=step)
+    def add(self, model_name: str, version: int, folder: str | Path, step: int = 0,
+            take: bool = False) -> WeightAnnouncement:
+        """Take a copy of ``folder`` as version ``version`` and drop old versions. ``take`` (the caller gives the
+        folder up): linked where it can be, and synced to disk after this returns (wfs.publish_fs)."""
+        ann = wfs.publish_fs(self.root, model_name, version, folder, step=step, take=take, sync=not take)
         self._prune(model_name)
         self._last = time.monotonic()
         return self.announcement(ann)

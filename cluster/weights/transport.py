@@ -36,7 +36,8 @@ from pathlib import Path
 from cluster.errors import KernelRLError, RetriableError
 from cluster.weights import digest
 from cluster.weights.fs import (MANIFEST, WeightsCorrupt, WeightsMissing, existing_fs, folder_digest,  # noqa: F401
-                                manifest_digest, publish_fs, verify_folder, version_dir, version_files)
+                                manifest_digest, publish_fs, verify_folder, version_dir, version_files,
+                                wait_durable)
 from cluster.weights.fs import _write_manifest, announced_digest, prune_versions
 from cluster.weights.stream import receive_stream
 from schemas import topics
