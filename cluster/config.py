@@ -207,6 +207,11 @@ class SandboxConfig:
     # (kernels a frozen process had queued still run); not idle in time: the job's timing is marked noisy, a
     # cached baseline measured again on its next use. 0 = do not wait.
     gate_idle_wait_s: float = 0.0
+    # jobs_per_device > 1: whether the other sessions' trusted judges are frozen too while a job is timed. "auto":
+    # on the CPU backend only (every running process takes the timed job's cores); on CUDA a judge touches the
+    # device only while it holds the gate (apart from making its CUDA context), so it is left to do its host-only
+    # work (its start, the task's source, the reference model built on the CPU) meanwhile (device_gate.py). "on", "off".
+    gate_freeze_judges: str = "auto"
     # jobs_per_device > 1: jobs admitted only while their memory fits (sandbox_workers/device_memory.py; each task's
     # need is what its judges reported last, an unseen task runs alone). GB: < 0 = on CUDA device_memory_fraction
     # of the device's memory (NVML), none on CPU; 0 = no budget; > 0 = that many GB (any backend)
@@ -413,6 +418,7 @@ _CHOICES = {
     "sandbox.isolation": {"bwrap", "none"},
     "sandbox.enforce_timing_claims": {"cuda", "all", "none"},
     "sandbox.cpu_profile": {"auto", "on", "off"},
+    "sandbox.gate_freeze_judges": {"auto", "on", "off"},
     "actor.policy": {"vllm", "scripted", "openai"},
     "actor.episode_mode": {"multi_turn", "single_turn", "by_stage"},
     "actor.reward_from": {"final", "best"},
@@ -495,6 +501,13 @@ def set_value(cfg: Config, path: str, raw: typing.Any) -> None:
 def jobs_for(sb: SandboxConfig, backend: str) -> int:
     """Evaluation jobs in flight per device: ``sandbox.jobs_per_device``, or by backend where it is 0."""
     return int(sb.jobs_per_device) or (4 if backend == "cuda" else 1)
+
+
+def freeze_judges(sb: SandboxConfig, backend: str) -> bool:
+    """Whether a timed job's gate freezes the other sessions' judges: ``sandbox.gate_freeze_judges``, "auto" by
+    backend (CPU yes, CUDA no)."""
+    mode = getattr(sb, "gate_freeze_judges", "auto")
+    return mode == "on" or (mode == "auto" and backend != "cuda")
 
 
 def deepspeed_overrides(lc: LearnerConfig) -> dict:

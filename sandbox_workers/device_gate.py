@@ -10,10 +10,15 @@ baseline is timed. The gate lives in the evaluation worker (trusted), one per de
   time that sizes the batch, the protocol probe, every variant's timed trials, baselines included);
 - exclusive waits until every shared holder has left its phase (and new shared requests wait behind a waiting
   exclusive one; exclusive requests are granted in the order they were made), then every process of every *other*
-  session (candidates and baselines, their judges, the
-  pre-started pool) is stopped with SIGSTOP, the whole process tree (a sandbox's inner processes run in their own
-  session, so process groups are not enough), and continued (SIGCONT) at release. No judge is holding the gate
-  then, so none is frozen in the middle of a phase; sessions are spawned only while no exclusive section runs;
+  session (candidates and baselines, the pre-started pool) is stopped with SIGSTOP, the whole process tree (a
+  sandbox's inner processes run in their own session, so process groups are not enough), and continued (SIGCONT) at
+  release; sessions are spawned only while no exclusive section runs;
+- the other sessions' *judges* are frozen too unless ``freeze_judges`` is off (``sandbox.gate_freeze_judges``, off
+  on CUDA by default): a judge is trusted code that touches the device only while it holds the gate, apart from
+  making its CUDA context, so left running it does its host-only work (its start, the task's source, the reference
+  model built on the CPU) while another job is timed, and then waits in its next request. On the CPU backend every
+  running process takes the timed job's cores, so they stay frozen there. No judge is holding the gate while
+  another is exclusive, so none is frozen in the middle of a phase;
 - time a session spends waiting for the gate or frozen is credited to its judge's deadline and to the worker's
   wall limit on the session (it is nobody's fault);
 - on the CUDA backend the holder may also wait (bounded: ``sandbox.gate_idle_wait_s``) until NVML reports the
@@ -44,14 +49,16 @@ _gates: dict[str, DeviceGate] = {}
 _gates_lock = threading.Lock()
 
 
-def for_device(key: str, freeze: bool, idle_wait_s: float = 0.0, nvml: bool = False) -> DeviceGate:
+def for_device(key: str, freeze: bool, idle_wait_s: float = 0.0, nvml: bool = False,
+               freeze_judges: bool = True) -> DeviceGate:
     """The process's gate of device ``key`` (Evaluators of one device in one process share it)."""
     with _gates_lock:
         gate = _gates.get(key)
         if gate is None:
-            gate = _gates[key] = DeviceGate(key, freeze, idle_wait_s, nvml)
+            gate = _gates[key] = DeviceGate(key, freeze, idle_wait_s, nvml, freeze_judges)
         else:  # the strictest settings win
             gate.freeze = gate.freeze or freeze
+            gate.freeze_judges = gate.freeze_judges or freeze_judges
             gate.idle_wait_s = max(gate.idle_wait_s, idle_wait_s)
             gate.nvml = gate.nvml or nvml
         return gate
@@ -61,14 +68,17 @@ class DeviceGate:
     """A readers-writer gate (writers first) over one device, with the freezing of every other session's processes
     while a writer holds it. Holders are named by session id (or any string, e.g. a local build)."""
 
-    def __init__(self, key: str, freeze: bool = True, idle_wait_s: float = 0.0, nvml: bool = False):
+    def __init__(self, key: str, freeze: bool = True, idle_wait_s: float = 0.0, nvml: bool = False,
+                 freeze_judges: bool = True):
         self.key, self.freeze, self.idle_wait_s, self.nvml = key, freeze, idle_wait_s, nvml
+        self.freeze_judges = freeze_judges
         self._cv = threading.Condition()
         self._shared: dict[str, int] = {}
         self._excl: str | None = None
         self._excl_waiting = 0
         self._excl_queue: list[object] = []  # exclusive requests waiting, oldest first: granted in that order
         self._members: dict[str, tuple[int, ...]] = {}  # session id -> root pids of its processes
+        self._judges: dict[str, tuple[int, ...]] = {}  # session id -> root pids of its trusted judge
         self._frozen: dict[str, list[int]] = {}  # session id -> pids stopped for the current exclusive holder
         self._frozen_at = 0.0
         self._credit: dict[str, float] = {}  # seconds waited or frozen, not yet reported to the session's judge
@@ -168,13 +178,20 @@ class DeviceGate:
     @contextmanager
     def spawning(self, sid: str):
         """Spawn a session's processes inside this block: it waits for no exclusive section to be running and
-        keeps one from starting until the processes are registered (``add(pid)``), so they are frozen with the rest."""
+        keeps one from starting until the processes are registered (``add(pid)``; ``add(pid, judge=True)`` for the
+        trusted judge), so they are frozen with the rest."""
         roots: list[int] = []
+        judges: list[int] = []
+
+        def add(pid: int, judge: bool = False) -> None:
+            (judges if judge else roots).append(pid)
+
         with self._cv:
             while self._excl is not None:
                 self._cv.wait()
-            yield roots.append
+            yield add
             self._members[sid] = tuple(roots)
+            self._judges[sid] = tuple(judges)
 
     def unregister(self, sid: str) -> None:
         """The session ended: drop its holds (a judge killed mid-phase) and its processes."""
@@ -185,6 +202,7 @@ class DeviceGate:
                 self._gone = {k: t for k, t in self._gone.items() if now - t < 600}
             self._gone[sid] = now
             self._members.pop(sid, None)
+            self._judges.pop(sid, None)
             self._credit.pop(sid, None)
             self._credit_total.pop(sid, None)
             self._open.pop(sid, None)
@@ -243,14 +261,15 @@ class DeviceGate:
 
     # ------------------------------------------------------------------ freezing
     def _freeze_others(self, holder: str) -> int:
-        """SIGSTOP every process of every other registered session (called with the lock held); how many."""
+        """SIGSTOP every process of every other registered session (called with the lock held), its judge's only
+        with ``freeze_judges``; how many."""
         self._frozen = {}
         self._frozen_at = time.monotonic()
         n = 0
         for sid, roots in self._members.items():
             if sid == holder:
                 continue
-            pids = stop_tree(roots)
+            pids = stop_tree(roots + (self._judges.get(sid, ()) if self.freeze_judges else ()))
             if pids:
                 self._frozen[sid] = pids
                 n += len(pids)

@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from sandbox_workers import compiler, cpu_profile, cpuset, device_gate, device_memory, formats, guards, workspace
-from cluster.config import jobs_for
+from cluster.config import freeze_judges, jobs_for
 from sandbox_workers.reward import milestone_reward, speedup
 from sandbox_workers.session import Session
 
@@ -52,7 +52,8 @@ class Evaluator:
         self.jobs = max(1, jobs_for(self.sb, self.backend))
         cuda = self.backend == "cuda"
         self.gate = device_gate.for_device(self.device_key, freeze=self.jobs > 1, nvml=cuda,
-                                           idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0)
+                                           idle_wait_s=float(getattr(self.sb, "gate_idle_wait_s", 0.0)) if cuda else 0.0,
+                                           freeze_judges=freeze_judges(self.sb, self.backend))
         self._tls = threading.local()  # the gate's records of the job on this thread
         # several jobs per device: admitted while their memory fits
         self.memory = device_memory.budget_for(self.sb, self.backend, self.jobs)

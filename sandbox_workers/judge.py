@@ -98,15 +98,22 @@ class Judge:
             raise RemoteFailed(str(reply.get("error", "failed"))[:4000], viol if isinstance(viol, list) else [])
         return reply
 
-    def build_reference(self, task) -> None:
+    def build_reference(self, task, place: bool = True) -> None:
+        """The task's model, built on the CPU (host work only: no device gate needed, device_gate.py) and, with
+        ``place``, moved to the device (``place_reference``: under the gate)."""
         from sandbox_workers.runner_common import seed_all
 
         seed = self.rng.getrandbits(62)
         seed_all(seed)
         self.init_inputs = list(task.get_init_inputs())
         seed_all(seed)
-        self.model = task.Model(*self.init_inputs).to(self.device).eval()
+        self.model = task.Model(*self.init_inputs).eval()
         self.get_inputs = task.get_inputs
+        if place:
+            self.place_reference()
+
+    def place_reference(self) -> None:
+        self.model = self.model.to(self.device)
 
     def fresh_inputs(self) -> list:
         from sandbox_workers.runner_common import seed_all
@@ -726,8 +733,12 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
     phases.mark("judge_start_s")  # the remote's hello, this side's CUDA context, versions and clocks
     try:
         task = load_task(spec["task_source"])
+        # host only, before the gate is asked for: while another job is timed, a judge left running (CUDA,
+        # device_gate.py) gets this far
+        judge.build_reference(task, place=False)
+        phases.mark("reference_host_s")
         judge.gate.acquire(device_gate.SHARED, "reference", judge)
-        judge.build_reference(task)
+        judge.place_reference()
         result["spiked_inputs"] = judge.plan_spikes()
         phases.mark("reference_s")
         cached = spec.get("t_ref")

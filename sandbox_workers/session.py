@@ -115,7 +115,7 @@ class Session:
                 add(self.procs[-1].pid)
                 self._start_profile(self.procs[-1].pid)
                 self.procs.append(self._spawn_judge(j_r, j_w, self._logs[1], s_j, gate_fds[2:0:-1]))
-                add(self.procs[-1].pid)
+                add(self.procs[-1].pid, judge=True)
             if gate_fds:
                 self.gate.serve(self.sid, gate_fds[0], gate_fds[3])
                 gate_fds = (gate_fds[1], gate_fds[2])  # the worker's copies of the judge's ends
@@ -333,7 +333,7 @@ def signal_name(rc: int | None) -> str:
 
 @contextlib.contextmanager
 def _no_gate():
-    yield lambda pid: None
+    yield lambda pid, judge=False: None
 
 
 def _fds(*fds: int) -> tuple[int, ...]:

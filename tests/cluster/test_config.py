@@ -68,6 +68,19 @@ def test_cli_config_show_and_error():
     assert bad.returncode == 2 and "actor.max_turns: must be > 0, got -1" in bad.stderr
 
 
+def test_judges_are_frozen_by_a_timed_job_on_cpu_only_unless_set():
+    from cluster.config import freeze_judges
+
+    cfg = load(None, environ={})
+    assert freeze_judges(cfg.sandbox, "cpu") and not freeze_judges(cfg.sandbox, "cuda")
+    cfg = load(None, environ={"KRL__SANDBOX__GATE_FREEZE_JUDGES": "on"})
+    assert freeze_judges(cfg.sandbox, "cuda")
+    cfg = load(None, ["sandbox.gate_freeze_judges=off"], environ={})
+    assert not freeze_judges(cfg.sandbox, "cpu")
+    with pytest.raises(ConfigError, match="sandbox.gate_freeze_judges"):
+        load(None, ["sandbox.gate_freeze_judges=maybe"], environ={})
+
+
 def test_jobs_per_device_by_backend_unless_set():
     from cluster.config import jobs_for
 

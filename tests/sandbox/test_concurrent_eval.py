@@ -82,6 +82,42 @@ def test_gate_shared_together_exclusive_alone_and_freezes_other_sessions():
         other.wait()
 
 
+def test_a_gate_that_leaves_judges_running_still_freezes_their_candidates():
+    """CUDA's default (sandbox.gate_freeze_judges "auto"): a timed job stops the other sessions' candidate processes
+    but not their trusted judges, which go on with host-only work and wait in their next request."""
+    gate = device_gate.DeviceGate("test-judges", freeze=True, freeze_judges=False)
+    remote = subprocess.Popen(["sh", "-c", "setsid sleep 60 & sleep 60"], start_new_session=True)
+    judge = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    try:
+        with gate.spawning("other") as add:
+            add(remote.pid)
+            add(judge.pid, judge=True)
+        time.sleep(0.3)
+        remote_tree, judge_tree = device_gate.descendants([remote.pid]), device_gate.descendants([judge.pid])
+        assert len(remote_tree) >= 2 and len(judge_tree) >= 2
+        rec = gate.acquire("timed", device_gate.EXCLUSIVE, "timing")
+        assert rec["frozen"] == len(remote_tree)
+        assert all(_state(p) in "Tt" for p in remote_tree)
+        assert all(_state(p) not in "Tt" for p in judge_tree)
+        time.sleep(0.1)
+        gate.release("timed")
+        assert all(_state(p) not in "Tt" for p in remote_tree)
+        assert gate.credit_total("other") >= 0.1  # its candidate was frozen: the session's deadline is extended
+        # the same gate freezing judges too (the CPU backend's default)
+        gate.freeze_judges = True
+        rec = gate.acquire("timed", device_gate.EXCLUSIVE, "timing")
+        assert rec["frozen"] == len(remote_tree) + len(judge_tree)
+        assert all(_state(p) in "Tt" for p in judge_tree)
+        gate.release("timed")
+        assert all(_state(p) not in "Tt" for p in judge_tree)
+    finally:
+        for proc in (remote, judge):
+            for p in device_gate.descendants([proc.pid]):
+                os.kill(p, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 # ---------------------------------------------------------------------------------------------- real evaluations
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
