@@ -13,6 +13,7 @@ This process never runs task or candidate code. Every result says whose fault a 
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import hashlib
 import json
@@ -152,9 +153,19 @@ class Evaluator:
                     if self._contradicted(cand, base):
                         cand = self._candidate(task_source, files, lib, timing)
                         cand["second_opinion"] = True
+            pre = copy.deepcopy(res)
+            self._assemble(res, cand, base, timing)
+            if res["reward"] > 1 and base is not None and not base.get("confirmed"):
+                # a speed tier rests on the baselines' medians, and a burst of load during their one measurement
+                # inflates them all alike (no spread to see it by): before a tier is paid for the first time against
+                # this cache entry, the baselines are timed once more, now, and the faster of each variant kept
+                first = res["reward"]
+                base = self.confirm_baselines(task_source, base)
+                res = pre
+                self._assemble(res, cand, base, timing)
+                res["evidence"]["baselines_confirmed"] = {"reward_before": first, "reward": res["reward"]}
         except ReferenceFailure as exc:
             return _done(res, t0, error=f"infrastructure: {exc} (not the solution's fault)", fault="infra")
-        self._assemble(res, cand, base, timing)
         out = _done(res, t0)
         log.info("evaluated (%s): reward %+.0f correct=%s violations=%s speedup eager %.3f compile %.3f in %.1f s",
                  self.backend, out["reward"], out["correct"], out["violations"], out["speedup_vs_eager"],
@@ -420,6 +431,25 @@ class Evaluator:
             (d / "baselines.json").write_text(json.dumps(found))
             return dict(found, cached=False, phases=judge.get("phases", {}))
 
+    def confirm_baselines(self, task_source: str, base: dict) -> dict:
+        """``base`` timed once more and the faster of each variant kept, marked confirmed in the cache (a task's
+        baselines are confirmed once: later speed tiers against them cost nothing more)."""
+        d = self.ref_root / self.baseline_key(task_source)
+        with open(d / ".lock", "w") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            meta = _read_json(d / "baselines.json") or {}
+            if meta.get("confirmed") and meta.get("eager", {}).get("median_s"):
+                return dict(meta, cached=True)  # another job confirmed them meanwhile
+            found, judge = self._measure_baselines(task_source)
+            old = {k: v for k, v in (meta or base).items() if k in BASELINE_VARIANTS}
+            kept = keep_faster(old, found, self.sb.baseline_max_cv)
+            kept.update(versions=judge.get("versions") or (meta or base).get("versions", {}),
+                        gate_noisy=bool(judge.get("gate_noisy")), confirmed=True)
+            t_ref = judge.get("t_ref")
+            kept["t_ref"] = t_ref if isinstance(t_ref, (int, float)) else (meta or base).get("t_ref")
+            (d / "baselines.json").write_text(json.dumps(kept))
+            return dict(kept, cached=False, phases=judge.get("phases", {}))
+
     def _measure_baselines(self, task_source: str) -> tuple[dict, dict]:
         """One baseline session: each variant's timing (or its error), and the judge's result."""
         variants = [{"name": "eager", "module": "krl_task", "cls": "Model", "source": task_source, "checked": False}]
@@ -591,6 +621,9 @@ def _bound_terms(cand: dict, base: dict) -> dict | None:
         return {"run": tc["run_s"], "gap": tc["run_gap_s"], "overhead": max(tb["run_gap_s"], tb["run_gap_s"] / bb * bc),
                 "where": f"the reference's run of the same protocol ({bb} calls)"}
     return None
+
+
+BASELINE_VARIANTS = ("eager", "compile")
 
 
 def keep_faster(old: dict, new: dict, max_cv: float = 0.0) -> dict:

@@ -1,6 +1,8 @@
 """Pure logic and the sandbox primitives: reward, static guards, workspace, isolation, compile cache."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sandbox_workers import guards, workspace
@@ -231,5 +233,44 @@ def test_a_noisy_fresh_baseline_is_timed_again_before_this_evaluation_reads_it(s
         assert got["eager"]["median_s"] == 6.0e-3 and got["compile"]["median_s"] == 6.2e-3
         steady = ev.baselines("steady task")
         assert calls[2:] == ["steady task"] and steady["eager"]["median_s"] == 5.0e-3
+    finally:
+        ev.close()
+
+
+def test_a_speed_tier_is_paid_only_after_the_baselines_were_timed_twice(sandbox_cache, tmp_path, monkeypatch):
+    """A burst of load during the one measurement of a task's baselines inflates eager and compile alike (no spread
+    to see it by), and a candidate then reaches a tier it does not deserve: the first speed tier against a cache
+    entry has the baselines timed once more, the faster of each kept and the entry marked confirmed; later tiers
+    against it cost nothing more, and rewards of 1 never trigger it."""
+    from pathlib import Path
+
+    from sandbox_workers.evaluator import Evaluator
+    from tests.sandbox.conftest import fast_cfg
+
+    cfg = fast_cfg(sandbox_cache)
+    cfg.sandbox.baseline_cache_dir = str(tmp_path / "baselines")
+    cfg.sandbox.static_guards = False
+    cfg.sandbox.cpu_charge_compressible = False
+    ev = Evaluator(cfg, "cpu")
+    runs = [({"eager": {"median_s": 9.0e-3, "cv": 0.02}, "compile": {"median_s": 9.5e-3, "cv": 0.02}}, {}),
+            ({"eager": {"median_s": 3.6e-3, "cv": 0.02}, "compile": {"median_s": 3.9e-3, "cv": 0.02}}, {})]
+    calls = []
+    claims = [4.0e-3, 3.0e-3, 4.0e-3]
+    monkeypatch.setattr(ev, "_measure_baselines", lambda src: calls.append(src) or runs.pop(0))
+    monkeypatch.setattr(ev, "_artifact", lambda files, artifact, key: (Path("/nonexistent"), {}))
+    monkeypatch.setattr(ev, "_candidate", lambda src, files, lib, timing: {
+        "ok": True, "timing": {"median_s": claims.pop(0)}})
+    files = {"model_new.py": "class ModelNew: pass\n"}
+    try:
+        first = ev.evaluate("task", files, "both")
+        assert calls == ["task", "task"]  # measured, then timed again before the tier was paid
+        assert first["evidence"]["baselines_confirmed"] == {"reward_before": 3.0, "reward": 1.0}
+        assert first["reward"] == 1.0 and first["timings"]["eager"]["median_s"] == 3.6e-3
+        meta = json.loads(next((tmp_path / "baselines").glob("*/baselines.json")).read_text())
+        assert meta["confirmed"] and meta["eager"]["median_s"] == 3.6e-3 and meta["compile"]["median_s"] == 3.9e-3
+        second = ev.evaluate("task", files, "both")  # a true tier against confirmed baselines: nothing measured
+        assert second["reward"] == 3.0 and "baselines_confirmed" not in second["evidence"] and len(calls) == 2
+        third = ev.evaluate("task", files, "both")
+        assert third["reward"] == 1.0 and len(calls) == 2
     finally:
         ev.close()
