@@ -1,7 +1,9 @@
 # Median speed-up over eager per example and run (H100, calls 2 and 4; examples told apart by clustering their
 # speed-up over eager within 2 %). Usage (repository root): python3 docs/gpu/run17/speedups_by_run.py
+# [label=eval_worker.log ...] (other runs' logs: session 21's docs/gpu/run18/speedups_by_run.txt)
 import re
 import statistics
+import sys
 
 runs = {"call2 warm (5 at once, cold)": "docs/gpu/run17/call2/eval_worker_warm.log",
         "call2 jobs 4 (old budget)": "docs/gpu/run17/call2/eval_worker_s1j4.log",
@@ -9,6 +11,8 @@ runs = {"call2 warm (5 at once, cold)": "docs/gpu/run17/call2/eval_worker_warm.l
         "call4 warm (5 at once, cold)": "docs/gpu/run17/call4/eval_worker_warm.log",
         "call4 jobs 4 (new budget)": "docs/gpu/run17/call4/eval_worker_s1j4.log",
         "call4 jobs 6 (new budget, cut off)": "docs/gpu/run17/call4/eval_worker_s2j6.log"}
+if sys.argv[1:]:
+    runs = dict(a.split("=", 1) for a in sys.argv[1:])
 pat = re.compile(r"reward \+?(-?\d) .*speedup eager ([\d.]+) compile ([\d.]+)")
 per_run = {n: [(int(m.group(1)), float(m.group(2))) for m in pat.finditer(open(f).read())] for n, f in runs.items()}
 centres: list[float] = []
