@@ -4,8 +4,8 @@ Every rank calls ``export_policy`` (ZeRO-3 gathers parameters collectively);
 rank 0 writes the folder (safetensors + config + the base model's tokenizer
 files) and publishes it with cluster.weights.transport: kafka announces once all bytes
 are durable in the log; fs and nccl once the version's folder is complete, its fsync
-following on a thread (a version found after a restart is verified first). With ``learner.weight_layout = "buckets"`` (kafka) nothing is written:
-rank 0 packs the gathered tensors into buckets (cluster.weights.buckets) and sends them from
+following on a thread (a version found after a restart is verified first). With
+``learner.weight_layout = "buckets"`` (kafka) nothing is written: rank 0 packs the gathered tensors into buckets (cluster.weights.buckets) and sends them from
 memory; actors load them straight into their engines.
 """
 from __future__ import annotations
@@ -86,6 +86,11 @@ class Publisher:
             self.fs_root = weights_stream.served_root(cfg)
             if eng.rank_world()[0] == 0:
                 self.stream = weights_stream.server_from_config(cfg)
+        if self.transport in ("fs", "nccl") and eng.rank_world()[0] == 0:
+            from cluster.weights import fs as wfs
+
+            # exports and half-written versions of a learner killed mid-publish (they would fill the disk)
+            wfs.remove_leftovers(self.fs_root, lc.model_name)
         if self.transport == "kafka" and producer is None and eng.rank_world()[0] == 0:
             raise SetupError("weight_transport 'kafka' needs a bus producer")
 
@@ -121,7 +126,7 @@ class Publisher:
         if self.transport in ("fs", "nccl") and eng.rank_world()[0] == 0:
             here = Path(self.fs_root) / lc.model_name
             here.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".krl-export-v{version}-", dir=here) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"{wt.EXPORT_PREFIX}v{version}-", dir=here) as tmp:
             folder = export_policy(module, lc.zero_stage, tmp, base_path)
             ann = None
             if folder is not None:

@@ -422,12 +422,7 @@ class Evaluator:
                 found, judge = keep_faster(found, again, self.sb.baseline_max_cv), judge2
             if meta:
                 found = keep_faster(meta, found, self.sb.baseline_max_cv)
-            found["versions"] = judge.get("versions", {})
-            if isinstance(judge.get("t_ref"), (int, float)):  # candidate sessions size their batch by it
-                found["t_ref"] = judge["t_ref"]
-            # timed while the device was not idle (another job's queued kernels, device_gate.py): used now,
-            # measured again on the next use (the faster of the two kept)
-            found["gate_noisy"] = bool(judge.get("gate_noisy"))
+            _describe(found, judge)
             (d / "baselines.json").write_text(json.dumps(found))
             return dict(found, cached=False, phases=judge.get("phases", {}))
 
@@ -441,12 +436,13 @@ class Evaluator:
             if meta.get("confirmed") and meta.get("eager", {}).get("median_s"):
                 return dict(meta, cached=True)  # another job confirmed them meanwhile
             found, judge = self._measure_baselines(task_source)
-            old = {k: v for k, v in (meta or base).items() if k in BASELINE_VARIANTS}
-            kept = keep_faster(old, found, self.sb.baseline_max_cv)
-            kept.update(versions=judge.get("versions") or (meta or base).get("versions", {}),
-                        gate_noisy=bool(judge.get("gate_noisy")), confirmed=True)
-            t_ref = judge.get("t_ref")
-            kept["t_ref"] = t_ref if isinstance(t_ref, (int, float)) else (meta or base).get("t_ref")
+            old = meta or base
+            kept = keep_faster({k: v for k, v in old.items() if k in BASELINE_VARIANTS}, found,
+                               self.sb.baseline_max_cv)
+            if "t_ref" in old:
+                kept["t_ref"] = old["t_ref"]  # replaced below by this measurement's own, where it has one
+            _describe(kept, judge)
+            kept["confirmed"] = True
             (d / "baselines.json").write_text(json.dumps(kept))
             return dict(kept, cached=False, phases=judge.get("phases", {}))
 
@@ -624,6 +620,16 @@ def _bound_terms(cand: dict, base: dict) -> dict | None:
 
 
 BASELINE_VARIANTS = ("eager", "compile")
+
+
+def _describe(found: dict, judge: dict) -> None:
+    """What a baseline cache entry keeps of the judge that measured it, besides the variants' timings."""
+    found["versions"] = judge.get("versions", {})
+    if isinstance(judge.get("t_ref"), (int, float)):  # candidate sessions size their batch by it
+        found["t_ref"] = judge["t_ref"]
+    # timed while the device was not idle (another job's queued kernels, device_gate.py): used now, measured again
+    # on the next use (the faster of the two kept)
+    found["gate_noisy"] = bool(judge.get("gate_noisy"))
 
 
 def keep_faster(old: dict, new: dict, max_cv: float = 0.0) -> dict:

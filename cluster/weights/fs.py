@@ -52,6 +52,19 @@ def prune_versions(root: str | os.PathLike, model_name: str, keep: int) -> list[
     return versions[:-keep]
 
 
+EXPORT_PREFIX = ".krl-export-"  # a learner's export beside its versions (learner/publish.py), hidden from readers
+
+
+def remove_leftovers(root: str | os.PathLike, model_name: str) -> list[Path]:
+    """Delete what a publisher killed mid-way left under ``<root>/<model>``: exports and half-written version
+    folders (both hidden, so never read); called by the one publisher of the model when it starts."""
+    gone = [p for p in (Path(root) / model_name).glob(".*") if p.is_dir()
+            and (p.name.startswith(EXPORT_PREFIX) or p.name.startswith(".v"))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 def version_files(folder: Path) -> list[Path]:
     """The files a version consists of (the manifest and hidden files are not part of it)."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
@@ -124,12 +137,15 @@ def publish_fs(root: str | os.PathLike, model_name: str, version: int, folder: s
     return ann
 
 
-_syncing: list[threading.Thread] = []
+_syncing: list[threading.Thread] = []  # versions' fsync threads not yet seen finished
+_syncing_lock = threading.Lock()
 
 
 def _sync_later(dest: Path) -> None:
     t = threading.Thread(target=_sync_version, args=(dest,), name=f"fsync-{dest.name}", daemon=True)
-    _syncing.append(t)
+    with _syncing_lock:  # finished ones dropped here: a learner publishes thousands of versions between waits
+        _syncing[:] = [x for x in _syncing if x.is_alive()]
+        _syncing.append(t)
     t.start()
 
 
@@ -147,12 +163,14 @@ def _sync_version(dest: Path) -> None:
 def wait_durable(timeout_s: float | None = None) -> bool:
     """Wait for the versions published with ``sync=False`` to reach the disk; True when none is left."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while _syncing:
-        t = _syncing[0]
+    with _syncing_lock:
+        pending = list(_syncing)
+    for t in pending:
         t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if t.is_alive():
             return False
-        _syncing.remove(t)
+    with _syncing_lock:
+        _syncing[:] = [x for x in _syncing if x.is_alive()]
     return True
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cluster.errors import KernelRLError, RetriableError
 from cluster.weights import digest
-from cluster.weights.fs import (MANIFEST, WeightsCorrupt, WeightsMissing, existing_fs, folder_digest,  # noqa: F401
+from cluster.weights.fs import (EXPORT_PREFIX, MANIFEST, WeightsCorrupt, WeightsMissing, existing_fs, folder_digest,  # noqa: F401
                                 manifest_digest, publish_fs, verify_folder, version_dir, version_files,
                                 wait_durable)
 from cluster.weights.fs import _write_manifest, announced_digest, prune_versions

@@ -1,7 +1,8 @@
 """The learner's fs publish (cluster.weights.fs.publish_fs with take/sync off): its export's files are linked into
 the version's folder, not copied; the fsync follows on a thread (wait_durable); and a version that lost bytes after
 its publish (as an OS crash before that fsync could leave it) is not announced again by a restarted learner but
-removed, so that it is exported anew."""
+removed, so that it is exported anew; what a publisher killed mid-way left (its export, a half-written version) is
+removed when the next one starts."""
 from __future__ import annotations
 
 import os
@@ -56,3 +57,14 @@ def test_a_version_that_lost_bytes_is_removed_not_announced_again(tmp_path):
     again = wt.publish_fs(tmp_path / "fs", "p", 2, src)  # the learner exports and publishes it again
     assert again.sha256 == ann.sha256
     wt.verify_folder(again.uri, again)
+
+
+def test_leftovers_of_a_killed_publisher_are_removed_and_versions_kept(tmp_path):
+    ann = wt.publish_fs(tmp_path / "fs", "p", 1, _export(tmp_path / "src"))
+    model = tmp_path / "fs" / "p"
+    stale = [_export(model / f"{wt.EXPORT_PREFIX}v2-abc"), _export(model / ".v00000002.xyz")]
+    from cluster.weights import fs as wfs
+
+    assert sorted(wfs.remove_leftovers(tmp_path / "fs", "p")) == sorted(stale)
+    assert not any(p.exists() for p in stale)
+    wt.verify_folder(ann.uri, ann)  # the published version is untouched

@@ -96,7 +96,11 @@ def test_publish_kafka_and_fs_bit_identical(ds_process, tiny_model, cfg, tmp_pat
         assert not gate.wants(anns[0])
         # a restarted learner re-publishing an fs version re-announces the durable folder, never rewrites it
         cfg.learner.weight_transport, cfg.learner.weight_fs_dir = "fs", str(tmp_path / "fs")
+        left = Path(ann_f.uri).parent / f"{wt.EXPORT_PREFIX}v3-killed"  # an export a killed learner left behind
+        left.mkdir()
+        (left / "model.safetensors").write_bytes(b"x" * 4096)
         again, _ = Publisher(cfg, prod).publish(tr.policy_module(), 2, 1, tiny_model)
+        assert not left.exists()
         assert again.uri == ann_f.uri and again.sha256 == ann_f.sha256
         assert [(a.version, a.transport) for a in _announcements(bus)][-1] == (2, "fs")
         # ... and a restarted streaming learner serves the version it kept, at its new address
