@@ -100,6 +100,24 @@ def test_code_swapped_at_one_address_is_not_the_runtime():
     assert out["own_s"] == 0 and out["foreign_s"] == 0.002, out
 
 
+def test_a_sample_after_kernel_work_counts_one_period_of_it_foreign():
+    """A user-space sample in torch's glue that stands for 10 ms of its thread's time (the samples in between fired
+    in the kernel, dropped: an munmap, page faults) counts HEAVY_SAMPLE_PERIODS periods as foreign and the rest as
+    kernel time; where records were lost the whole weight stays foreign (it may be theirs), as do the samples of
+    a busy torch (a period each, however many)."""
+    per = 250_000
+    torch = cpu_profile.Mapping(0x1000, 0x2000, (0, 99), 12345, "/opt/torch/lib/libtorch_python.so")
+    heavy = cpu_profile.Profile(samples=[(10, 0x1800, 10_000_000), (11, 0x1900, per)], maps=[[torch]], period_ns=per)
+    out = cpu_profile.foreign_time(heavy, [[0, 100, 1]], None, skip_calls=0)
+    cap = cpu_profile.HEAVY_SAMPLE_PERIODS * per / 1e9
+    assert out["foreign_s"] == round(cap + per / 1e9, 6) and out["foreign_kernel_s"] == round(0.01 - cap, 6), out
+    heavy.lost = 3
+    out = cpu_profile.foreign_time(heavy, [[0, 100, 1]], None, skip_calls=0)
+    assert out["foreign_s"] == round(0.01 + per / 1e9, 6) and out["foreign_kernel_s"] == 0, out
+    busy = cpu_profile.Profile(samples=[(t, 0x1800, per + 9_000) for t in range(10, 90)], maps=[[torch]], period_ns=per)
+    assert cpu_profile.foreign_time(busy, [[0, 100, 1]], None, skip_calls=0)["foreign_s"] == round(80 * (per + 9_000) / 1e9, 6)
+
+
 def _mapped(name: str) -> str:
     for line in Path("/proc/self/maps").read_text().splitlines():
         path = line.split()[-1]
