@@ -212,11 +212,6 @@ class SandboxConfig:
     # device only while it holds the gate (apart from making its CUDA context), so it is left to do its host-only
     # work (its start, the task's source, the reference model built on the CPU) meanwhile (device_gate.py). "on", "off".
     gate_freeze_judges: str = "auto"
-    # jobs_per_device > 1: a timed job holds the device exclusively from its protocol probe to the end of its timed
-    # trials (probe, the candidate's load, verification, warm-up and timing in one hold) instead of giving it back
-    # between the probe and the timing: one hand-over per job instead of two, and the probe's hold, which keeps the
-    # device almost idle, is not followed by a drain of the others' shared phases (docs/oracle-gpu.md "Session 22")
-    gate_one_hold: bool = False
     # jobs_per_device > 1: jobs admitted only while their memory fits (sandbox_workers/device_memory.py; each task's
     # need is what its judges reported last, an unseen task runs alone). GB: < 0 = on CUDA device_memory_fraction
     # of the device's memory (NVML), none on CPU; 0 = no budget; > 0 = that many GB (any backend)

@@ -7,9 +7,7 @@ baseline is timed. The gate lives in the evaluation worker (trusted), one per de
 - the trusted judge of each session asks for it over a private pipe pair (``KRL_GATE_FDS`` in the judge's
   environment only: the candidate process never gets the descriptors), ``shared`` around its untimed device
   phases (reference, verification, loading, warm-up) and ``exclusive`` around its timed ones (the reference's
-  time that sizes the batch, the protocol probe, every variant's timed trials, baselines included); with
-  ``sandbox.gate_one_hold`` a timed job keeps its exclusive hold from the probe through its candidate's load,
-  verification and timing (one hand-over per job);
+  time that sizes the batch, the protocol probe, every variant's timed trials, baselines included);
 - exclusive waits until every shared holder has left its phase (and new shared requests wait behind a waiting
   exclusive one; exclusive requests are granted in the order they were made), then every process of every *other*
   session (candidates and baselines, the pre-started pool) is stopped with SIGSTOP, the whole process tree (a

@@ -760,13 +760,9 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         phases.mark("device_arena_s")
     except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault
         return {"ok": False, "infra": True, "error": "the device arena failed: " + _err(exc)}
-    # sandbox.gate_one_hold: the probe's exclusive hold lasts through the first variant's load, verification and
-    # timing (the probe still runs before any model code is loaded: it is taken first in the hold)
-    one_hold = bool(spec.get("timing") and spec.get("one_hold"))
     if spec.get("timing"):
         try:
-            # held already when t_ref was timed here
-            judge.gate.acquire(device_gate.EXCLUSIVE, "probe+load+timing" if one_hold else "probe", judge)
+            judge.gate.acquire(device_gate.EXCLUSIVE, "probe", judge)  # held already when t_ref was timed here
             judge.probe_overhead(spec["timing"])
             phases.mark("probe_s")
         except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault
@@ -774,10 +770,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
     for v in spec["variants"]:
         t0 = time.monotonic()
         try:
-            if one_hold:  # a no-op while the probe's hold lasts; a later variant's load starts a hold of its own
-                judge.gate.acquire(device_gate.EXCLUSIVE, f"{v['name']}.load+timing", judge)
-            else:
-                judge.gate.acquire(device_gate.SHARED, f"{v['name']}.load+verify", judge)
+            judge.gate.acquire(device_gate.SHARED, f"{v['name']}.load+verify", judge)
             judge.load(v["module"], v["cls"], v["source"], v.get("library", ""), v.get("compile", False),
                        v.get("ext", ""))
             phases.mark(f"{v['name']}.load_s")

@@ -67,30 +67,3 @@ def test_with_the_switch_off_every_job_times_the_reference_again(tmp_path):
     assert second["correct"] and second["evidence"]["baseline_cached"], second["error"]
     assert second["evidence"]["t_ref_source"] == "measured"
     assert "time_reference+probe" in [h["phase"] for h in second["evidence"]["gate"] if h["role"] == "candidate"]
-
-
-def test_one_hold_times_the_probe_load_and_trials_in_one_exclusive_section(tmp_path):
-    """`sandbox.gate_one_hold`: a timed job's probe, its candidate's load, verification and timed trials run in one
-    exclusive hold (no shared hold between them, the probe still taken before any model code: its phase comes
-    first), a task's first job (its baselines measured) holds the device once per variant, and rewards and catches
-    are those of the default gate."""
-    cfg = _cfg(tmp_path)
-    cfg.sandbox.gate_one_hold = True
-    task = shrunk_task(RELU_TASK[0], **RELU_TASK[1])
-    ev = Evaluator(cfg, "cpu")
-    try:
-        first = ev.evaluate(task, fwd(CALL), "both")
-        second = ev.evaluate(task, fwd(CALL), "both")
-        cheat = ev.evaluate(task, fwd(ZEROS), "both")
-    finally:
-        ev.close()
-    assert first["correct"] and second["correct"] and first["reward"] >= 1 and second["reward"] >= 1, \
-        (first["error"], second["error"])
-    holds = [(h["mode"], h["phase"]) for h in second["evidence"]["gate"] if h["role"] == "candidate"]
-    assert holds == [(device_gate.SHARED, "reference"), (device_gate.EXCLUSIVE, "probe+load+timing")], holds
-    phases = list(second["evidence"]["phases"]["candidate"])
-    assert phases.index("probe_s") < phases.index("candidate.load_s") < phases.index("candidate.timing_s"), phases
-    # the first job's baselines: each variant's load and trials in a hold of its own, none of them shared
-    base = [h for h in first["evidence"]["gate"] if h["role"] != "candidate" and h["phase"] != "reference"]
-    assert base and all(h["mode"] == device_gate.EXCLUSIVE for h in base), base
-    assert not cheat["correct"] and cheat["reward"] == -1.0, cheat["error"]
