@@ -169,6 +169,37 @@ def run_fs(cfg, bus, engine, folder, state, tmp: Path) -> dict:
     return st
 
 
+def run_nccl(cfg, bus, engine, folder, state, tmp: Path) -> dict:
+    """The ``nccl`` transport as the learner uses it: exported beside the stream server's versions, added with
+    ``take`` (linked, hashed, synced off the clock) and announced; one actor process receives it over a process
+    group (gloo on the CPU machine, NCCL between GPUs); vLLM reloads the received folder."""
+    from cluster.weights import fs as wfs
+    from cluster.weights import stream as ws
+    from cluster.weights import transport as wt
+    from cluster.weights.bench_stream import receive_one
+
+    v, st = next(_versions), {}
+    root, got = tmp / "nccl", tmp / f"actor-nccl-{v}"
+    server = ws.WeightStreamServer(root, backend=cfg.learner.weight_stream_backend,
+                                   chunk_bytes=cfg.learner.chunk_bytes, timeout_s=600, gather_s=0.0)
+    prod = bus.producer()
+    try:
+        export = _timed(st, "export_s", _export, state, folder, root / MODEL_NAME / f"{wt.EXPORT_PREFIX}{v}")
+        t = time.perf_counter()
+        ann = server.add(MODEL_NAME, v, export, take=True)
+        wt.announce(prod, ann)
+        st["publish_s"] = time.perf_counter() - t
+        st["receive_s"] = receive_one(ann, got)
+        if engine is not None:  # the receiver put it where an actor's receive does
+            _timed(st, "swap_s", engine.run, engine.policy.swap_weights(str(wfs.version_dir(got, MODEL_NAME, v)), v))
+        wt.wait_durable()
+    finally:
+        prod.close()
+        server.close()
+        shutil.rmtree(got, ignore_errors=True)
+    return st
+
+
 def run_kafka(cfg, bus, engine, folder, state, tmp: Path) -> dict:
     from cluster.weights import transport as wt
 
