@@ -267,7 +267,10 @@ def _poll(consumer: Any, free: int) -> list:
             kc.pause(*todo)
     elif kc.paused():
         kc.resume(*kc.paused())
-    return consumer.poll(timeout_s=0.2, max_records=max(1, free))
+    recs = consumer.poll(timeout_s=0.2, max_records=max(1, free))
+    if not recs:  # idle: task commits that failed (a broker killed under them) are sent again, as serve() does
+        consumer.recommit_failed()
+    return recs
 
 
 def build_episode(cfg: Any, policy: Any, renderer: ChatRenderer, task: Task, client: Any, ws_root: Path,

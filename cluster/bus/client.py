@@ -365,7 +365,13 @@ class Consumer:
                 self._failed.add(tp)
             return False
         except KafkaError as exc:
+            # the coordinator away (a broker killed under the commit, a timeout): the caller hears of it, and the
+            # offset is kept for the next idle poll to send again (recommit_failed). Left unsent, the group's lag on
+            # this partition stays up until a later commit, which a feeder gated on that lag may never let come
             self.stats["commit_failures"] += 1
+            for tp, o in targets.items():
+                self._committed[tp] = max(o, self._committed.get(tp, -1))
+                self._failed.add(tp)
             raise BusError(f"commit failed: {type(exc).__name__}: {exc}", exc) from exc
         self.stats["commits"] += 1
         sent = time.monotonic()

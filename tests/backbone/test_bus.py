@@ -304,6 +304,33 @@ def test_an_async_commit_left_unanswered_is_sent_again_when_idle(make_cfg, monke
     bus.close()
 
 
+def test_a_sync_commit_that_fails_is_sent_again_when_idle(make_cfg, monkeypatch):
+    """A sync commit that fails with a Kafka error (the coordinator killed under it: a timeout, a refused
+    connection) raises BusError to its caller and is kept: the next idle poll sends it again, so the group's lag
+    falls without a later commit (a task feeder gated on that lag would otherwise stay shut; injected: one commit
+    that raises KafkaTimeoutError)."""
+    from kafka.errors import KafkaTimeoutError
+
+    from cluster.bus.client import BusError
+    from cluster.bus.scan import committed_offsets
+
+    bus, c, got = _one_partition_consumer(make_cfg, "lost")
+
+    def refuse(*a, **kw):
+        raise KafkaTimeoutError("coordinator away")
+
+    monkeypatch.setattr(c.kafka, "commit", refuse)
+    with pytest.raises(BusError, match="commit failed"):
+        c.commit(got[-1])
+    monkeypatch.undo()
+    assert committed_offsets(bus, bus.group("lost"), T.TASKS).get(0, 0) == 0  # nothing reached the group
+    _wait(lambda: c.poll(timeout_s=0.2) == [] and c.recommit_failed() is None and
+          committed_offsets(bus, bus.group("lost"), T.TASKS).get(0) == 1, what="the failed commit sent again")
+    assert c.stats["commit_failures"] == 1
+    c.close()
+    bus.close()
+
+
 def test_a_commit_on_a_wedged_coordinator_connection_lands_on_a_new_one(make_cfg):
     """The CI failure's third shape: the coordinator's connection stays paused at its in-flight limit ("Node
     paused: {'max_in_flight'}"), so the async commit and every resend are refused without being sent. A resend
