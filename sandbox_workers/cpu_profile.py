@@ -38,8 +38,8 @@ DYNLOAD = os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sy
 KERNEL_CODE = ("[vdso]", "[vsyscall]")  # the kernel's clock_gettime page: no compute
 # A sample weighs its thread's CPU time since its previous sample, and samples that fire in the kernel are dropped
 # (user-space instruction pointers only), so one user-mode sample can stand for milliseconds of kernel work before it:
-# the munmap of a freed tensor, page faults. Those landed on torch's glue after an honest call (one 9 ms sample in
-# libtorch_python.so: 1.1-1.5 ms per call against the 1 ms floor, with nothing computed there). Each dropped sample
+# the munmap of a freed tensor, page faults. Those landed on torch's glue after an honest call (a sample of several
+# ms in libtorch_python.so: 1.1-1.5 ms per call against the 1 ms floor, with nothing computed there). Each dropped sample
 # says the thread was in the kernel at that instant, so a heavy sample's user time is about one period: a located
 # sample counts as foreign for at most this many periods (the VM's late timer: p99 of all weights ~3 periods). Not
 # where records were lost (the next sample then carries the lost ones' time, wherever it was spent).
