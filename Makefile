@@ -4,7 +4,7 @@ VENV := .venv
 KRL := $(VENV)/bin/kernelrl
 PYTEST_ARGS ?=
 
-.PHONY: setup up test test-gpu bench clean
+.PHONY: setup up test test-long test-gpu bench clean
 
 setup:
 	@bash cluster/scripts/setup.sh
@@ -14,7 +14,11 @@ up: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not gpu and not long" --durations=25 $(PYTEST_ARGS)
+
+# The long proofs (marker `long`: each has a shorter twin in `make test`; docs record their last runs).
+test-long: setup
+	$(VENV)/bin/python -m pytest -m "long and not gpu" --durations=25 $(PYTEST_ARGS)
 
 # On a GPU machine: the CUDA backend's tests. GPU_TESTS lists the folders holding gpu-marked tests
 # (the GPU image has no kafka-python, so folders whose modules import the bus are not collected there).

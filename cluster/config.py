@@ -109,6 +109,9 @@ class SandboxConfig:
     cpu_time_limit_s: int = 600
     file_size_limit_mb: int = 512
     artifact_cache_dir: str = ""  # default: <broker.cache_dir>/artifacts
+    # torch extensions' precompiled headers (~0.8 GB each, a minute of g++ to build): one folder may serve
+    # every worker and cache of a host (trusted: built from torch's headers alone). Default: <artifact cache>/pch
+    pch_cache_dir: str = ""
     correctness_trials: int = 5
     atol: float = 1e-2
     rtol: float = 1e-2
@@ -141,6 +144,9 @@ class SandboxConfig:
     eval_memory_limit_mb: int = 16384  # RLIMIT_AS of the CPU evaluation child (CUDA: not set)
     inline_artifact_bytes: int = 4 * 1024 * 1024  # compile results carry the library inline up to this size
     baseline_cache_dir: str = ""  # default: <broker.cache_dir>/baselines
+    # torch.compile's cache for the baselines (inductor's compiled code of the reference models: trusted, bound
+    # into baseline sandboxes only; tens of seconds of compile per task when cold). Default: <baseline cache>/inductor
+    inductor_cache_dir: str = ""
     static_guards: bool = True  # tests switch it off to exercise the run-time guards alone
     compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline
     # A cached baseline whose timing spread exceeds this (a busy machine) is measured again on its next use,

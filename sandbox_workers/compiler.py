@@ -66,6 +66,14 @@ def artifact_root(cfg) -> Path:
     return p
 
 
+def pch_root(cfg) -> Path:
+    """Where the torch precompiled headers live (``sandbox.pch_cache_dir``, else ``<artifact cache>/pch``)."""
+    custom = getattr(cfg.sandbox, "pch_cache_dir", "")
+    p = Path(custom).expanduser() if custom else artifact_root(cfg) / "pch"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def cache_key(files: dict[str, str], backend: str, cfg, extra_flags: list[str] = ()) -> str:
     builder = get_builder(backend)
     flags = cfg.sandbox.cpu_flags if backend == "cpu" else cfg.sandbox.cuda_arch
@@ -137,7 +145,7 @@ def compile_workspace(files: dict[str, str], backend: str, cfg, extra_flags: lis
     with tempfile.TemporaryDirectory(prefix="krl-build-") as tmp:
         try:
             out = get_builder(backend).build(files, sources, Path(tmp), cfg, extra_flags) if plan.fmt == formats.KRL \
-                else TorchExtBuilder(backend).build(plan, Path(tmp), cfg, artifact_root(cfg))
+                else TorchExtBuilder(backend).build(plan, Path(tmp), cfg, pch_root(cfg))
         except (FlagError, FileNotFoundError) as exc:
             return CompileOutcome(False, key, error=str(exc), duration_s=time.monotonic() - t0)
         if not out.ok:

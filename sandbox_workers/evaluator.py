@@ -334,9 +334,11 @@ class Evaluator:
 
     def _inductor_cache(self) -> Path:
         """torch.compile's cache for the baseline runs (trusted code): writable by the sandbox user, bound
-        into baseline sandboxes only; the folder above it stays private to the worker."""
-        p = self.ref_root / "inductor"
-        p.mkdir(exist_ok=True)
+        into baseline sandboxes only; the folder above it stays private to the worker (``sandbox.inductor_cache_dir``
+        may name one that several workers share: their baselines' compiled code, nothing a candidate writes)."""
+        custom = getattr(self.sb, "inductor_cache_dir", "")
+        p = Path(custom).expanduser() if custom else self.ref_root / "inductor"
+        p.mkdir(parents=True, exist_ok=True)
         if getattr(self.sb, "isolation", "none") != "none":
             from sandbox_workers import ossandbox
 

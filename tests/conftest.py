@@ -27,8 +27,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
 
+
+def _shared_cache() -> Path:
+    """Compiled caches every test of every session may share: torch's precompiled headers and inductor's
+    compiled baselines (each keyed by torch's version and the flags; a minute of g++ or tens of seconds of
+    inductor per fresh cache, which most sandbox tests make: their own artifacts and baselines stay per test)."""
+    from cluster.config import Config
+
+    root = Path(os.environ.get("KRL_TEST_SHARED_CACHE") or Path(Config().broker.cache_dir).expanduser() / "test-shared")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+SHARED_CACHE = _shared_cache()
+SHARED_SANDBOX = {"pch_cache_dir": str(SHARED_CACHE / "pch"), "inductor_cache_dir": str(SHARED_CACHE / "inductor")}
+
 # Small and quick for tests; a test may override anything through make_cfg.
 TEST_OVERRIDES = {
+    **{f"sandbox.{k}": v for k, v in SHARED_SANDBOX.items()},
     "topics.partitions": 2,
     "topics.tool_partitions": 2,
     "topics.reply_partitions": 8,

@@ -4,7 +4,8 @@ Flags are torch.utils.cpp_extension's (torch + Python include dirs, ``-DTORCH_EX
 ``-DTORCH_API_INCLUDE_EXTENSION_H``, C++20, -fPIC; link c10/torch/torch_cpu/torch_python, + c10_cuda/
 torch_cuda/cudart on CUDA) plus the backend's own (sandbox.cpu_flags, sandbox.cuda_arch). The precompiled
 header of ``torch/extension.h`` is built once per (torch, compiler, flags) under
-``<artifact cache>/pch/<key>/`` (in the build sandbox, then renamed into place) and bound read-only into
+``<sandbox.pch_cache_dir>/<key>/`` (default ``<artifact cache>/pch``; in the build sandbox, then renamed into
+place) and bound read-only into
 every later build; GCC ignores a PCH whose flags differ (``-Winvalid-pch`` says so in the log).
 """
 from __future__ import annotations
@@ -59,7 +60,7 @@ def pch_key(flags: list[str]) -> str:
 
 def ensure_pch(cfg, flags: list[str], root: Path) -> tuple[Path | None, str]:
     """The folder holding PCH_HEADER(.gch) for these flags, built now when missing (None + log on failure)."""
-    dest = root / "pch" / pch_key(flags)
+    dest = root / pch_key(flags)
     if (dest / (PCH_HEADER + ".gch")).is_file():
         return dest, ""
     dest.parent.mkdir(parents=True, exist_ok=True)

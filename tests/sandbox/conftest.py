@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from tests.conftest import SHARED_SANDBOX
 from tests.sandbox.helpers import RELU_TASK, shrunk_task
 
 
@@ -14,7 +15,7 @@ def fast_sandbox(cache_dir: str) -> dict:
     return {"jobs_per_device": 1, "cpu_flush_mb": 8, "trials": 5, "max_trials": 20, "timing_budget_s": 0.3, "warmup": 2,
             "eval_timeout_s": 60.0, "min_trial_s": 0.002, "compile_timeout_s": 60.0, "eval_memory_limit_mb": 6144, "cpu_threads": 2,
             "artifact_cache_dir": os.path.join(cache_dir, "artifacts"),
-            "baseline_cache_dir": os.path.join(cache_dir, "baselines")}
+            "baseline_cache_dir": os.path.join(cache_dir, "baselines"), **SHARED_SANDBOX}
 
 
 def fast_cfg(cache_dir: str, cfg=None):
