@@ -55,6 +55,11 @@ class Received:
 
 STALE_COMMIT_S = 2.0  # an async commit unanswered this long is sent again at the next idle poll
 RECOMMIT_TIMEOUT_MS = 5000  # a resent commit's wait: the serving loop stays responsive, the next idle poll retries
+# An idle consumer sends its newest offsets again this often, acknowledged or not: a commit of a partition's old owner
+# can land after the new owner's (kafka-python resends a sync commit until its timeout, across a rebalance, and the
+# coordinator does not check who owns a partition), rewinding the group's offset; the feeder gates on that lag, so
+# the rewind stalled a whole run (three-broker up test, 2026-12-07) until the owner's offsets are asserted again.
+REASSERT_S = 15.0
 
 
 def _key_bytes(key) -> bytes | None:
@@ -250,13 +255,15 @@ class Consumer:
         self.expected = tuple(expected) if isinstance(expected, (list, tuple, set)) else (
             (expected,) if expected else ())
         self.dlq = dlq
-        self.stats = {"received": 0, "dead_lettered": 0, "commits": 0, "commit_failures": 0, "coordinator_resets": 0}
+        self.stats = {"received": 0, "dead_lettered": 0, "commits": 0, "commit_failures": 0, "coordinator_resets": 0,
+                      "commits_not_owned": 0}
         self._delivered_hi: dict = {}
         self._committed: dict = {}
         self._skipped: dict = {}
         self._acked: dict = {}  # tp -> highest offset the group coordinator acknowledged
         self._failed: set = set()  # partitions whose commit failed: their newest offset (_committed) is sent again
         self._sent_at: dict = {}  # tp -> when the newest commit was sent (an unanswered one is sent again)
+        self._reasserted_at = time.monotonic()
         client_id = overrides.pop("client_id", f"{bus.client_id}-consumer")
         self._kwargs = consumer_kwargs(bus.cfg, client_id, group_id, bus.bootstrap, **overrides)
         self._topics = [bus.topic(t) for t in topics]
@@ -348,6 +355,9 @@ class Consumer:
         from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
         from kafka.structs import OffsetAndMetadata
 
+        targets = self._owned(targets)
+        if not targets:
+            return False
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in targets.items()}
         try:
             if sync:
@@ -382,6 +392,18 @@ class Consumer:
                 self._acked[tp] = max(o, self._acked.get(tp, -1))
         return True
 
+    def _owned(self, targets: dict) -> dict:
+        """The targets of partitions this member owns now (all of them for a consumer without a group
+        subscription): a member's commit of a partition that moved to another would rewind the new owner's."""
+        if self.group_id is None or not self._c.subscription():
+            return targets
+        owned = self._c.assignment()
+        gone = [tp for tp in targets if tp not in owned]
+        if gone:
+            self.stats["commits_not_owned"] += len(gone)
+            log.info("not committing %s: the partitions moved to another member", sorted(str(tp) for tp in gone))
+        return {tp: o for tp, o in targets.items() if tp in owned}
+
     def _on_async_commit(self, offsets, response) -> None:
         if isinstance(response, Exception):
             from kafka.errors import CommitFailedError
@@ -409,6 +431,9 @@ class Consumer:
         now = time.monotonic()
         stale = {tp for tp, o in self._committed.items()
                  if o > self._acked.get(tp, -1) and now - self._sent_at.get(tp, now) > STALE_COMMIT_S}
+        if self.group_id is not None and now - self._reasserted_at > REASSERT_S:
+            self._reasserted_at = now
+            stale |= self._reassert()
         pending = stale | self._failed
         owned = self._c.assignment() if pending else set()
         # The partition's newest offset, never the failed one: a later commit may have been sent after the failed
@@ -426,6 +451,15 @@ class Consumer:
         except BusError as exc:
             log.warning("commit sent again failed (next idle poll tries again): %s", exc)
             self._reset_coordinator_connection(exc.__cause__)
+
+    def _reassert(self) -> set:
+        """The owned partitions whose newest offset this member committed: marked unacknowledged, so the idle
+        resend below asserts them again (REASSERT_S)."""
+        owned = self._c.assignment()
+        mine = {tp for tp in self._committed if tp in owned}
+        for tp in mine:
+            self._acked.pop(tp, None)
+        return mine
 
     def _reset_coordinator_connection(self, cause) -> None:
         """Close the group coordinator's connection after a resent commit could not even be sent.

@@ -307,6 +307,23 @@ TAMPER = [
          why="each new thread is sampled from its start, and one that ends before a sample reports its CPU time "
              "at exit (inherit_stat), charged as foreign: measured 2026-12-07, 59 ms per call in libtorch (2 ms of "
              "it in threads that ended unsampled) against a 1 ms floor"),
+    Case("heavy_samples_then_torch_at_the_example_shape", "tamper", gemm("""
+        def forward(self, x):
+            out = None
+            for _ in range(4):  # torch's GEMM, each time right after kernel work: fresh pages faulted in, then freed
+                page = torch.empty(1 << 22)  # 16 MiB: mmap'd, every page faulted in by the fill, munmap'd when freed
+                with _disable_current_modes():
+                    page.fill_(1.0)
+                    out = F.leaky_relu(self.gemm(x) * self.multiplier, self.negative_slope)
+                del page
+            return out
+        """, header="import torch.nn.functional as F\n"
+                    "from torch.utils._python_dispatch import _disable_current_modes\n"),
+         task="gemm_example", violations=(TORCH,),
+         why="aimed at the profile's cap on heavy samples (cpu_profile.HEAVY_SAMPLE_PERIODS): the samples after kernel "
+             "work (page faults, munmap) are heavy and count at most 4 periods each, but torch's own user-mode time "
+             "is sampled where it runs, one period a sample, so the GEMM is still foreign compute; the cap takes off "
+             "only the kernel's time"),
     Case("forged_output_descriptors", "tamper", fwd(CALL, header="""
         import sys
         _R = sys.modules["__main__"].Remote
