@@ -145,7 +145,8 @@ class SandboxConfig:
     inline_artifact_bytes: int = 4 * 1024 * 1024  # compile results carry the library inline up to this size
     baseline_cache_dir: str = ""  # default: <broker.cache_dir>/baselines
     # torch.compile's cache for the baselines (inductor's compiled code of the reference models: trusted, bound
-    # into baseline sandboxes only; tens of seconds of compile per task when cold). Default: <baseline cache>/inductor
+    # into baseline sandboxes only; tens of seconds of compile per task when cold). Its parent should be private to
+    # the workers' user (0700), as the default's is. Default: <baseline cache>/inductor
     inductor_cache_dir: str = ""
     static_guards: bool = True  # tests switch it off to exercise the run-time guards alone
     compile_baseline: bool = True  # measure torch.compile (inductor) as the second baseline

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "learner"
 GROUP_COMMIT_TIMEOUT_MS = 10_000  # a group commit waits this long for the coordinator, then is sent again later
-GROUP_COMMIT_RETRY_S = 5.0
 
 
 class LearnerRole:
@@ -38,7 +37,6 @@ class LearnerRole:
         self.cfg = cfg
         self.model_path = model_path
         self.ckpt_dir = ckpt_dir
-        self._group_commit_retry_at: float | None = None  # when to send a failed group commit again (_fill)
         self.rank, self.world = eng.rank_world()
         self.trainer = Trainer(cfg, model_path)
         state = ckpt.load(self.trainer, ckpt_dir) or {}
@@ -90,9 +88,10 @@ class LearnerRole:
 
     def _fill(self, want: int, deadline: float, stop: threading.Event) -> None:
         while self.ingest.ready() < want and time.monotonic() < deadline and not stop.is_set():
-            if self._group_commit_retry_at is not None and time.monotonic() >= self._group_commit_retry_at:
-                self._commit_group()
-            for rec in self.consumer.poll(timeout_s=0.2):
+            recs = self.consumer.poll(timeout_s=0.2)
+            if not recs:  # idle: a group commit that failed is sent again (the bus consumer kept it)
+                self.consumer.recommit_failed()
+            for rec in recs:
                 self.ingest.offer(rec.msg, rec.partition, rec.offset)
                 metrics.inc("learner_trajectories_received")
                 self._dead_letter_rejected(rec)
@@ -113,20 +112,15 @@ class LearnerRole:
     def _commit_group(self) -> None:
         """Mirror the checkpointed positions into the group: lag dashboards, and the task feeder's gate on the
         trajectory backlog (cluster/launch/run_loop.py), which reads that lag. A failed commit (the coordinator
-        killed under it) is sent again while the learner waits for trajectories (``_fill``): left lost, the gate
-        could stay shut and no episode would come."""
-        from kafka import TopicPartition
-        from kafka.structs import OffsetAndMetadata
+        killed under it) is kept by the bus consumer and sent again while the learner waits for trajectories
+        (``_fill``): left lost, the gate could stay shut and no episode would come."""
+        from cluster.bus.client import BusError
 
-        full = self.bus.topic(topics.TRAJECTORIES)
-        offsets = {TopicPartition(full, p): OffsetAndMetadata(o, "", -1) for p, o in self.ingest.positions.items()}
         try:
-            if offsets:
-                self.consumer.kafka.commit(offsets, timeout_ms=GROUP_COMMIT_TIMEOUT_MS)
-            self._group_commit_retry_at = None
-        except Exception as exc:  # noqa: BLE001 - never fail a step for it: sent again while waiting
+            self.consumer.commit_positions(topics.TRAJECTORIES, dict(self.ingest.positions),
+                                           timeout_ms=GROUP_COMMIT_TIMEOUT_MS)
+        except BusError as exc:  # never fail a step for it: sent again while waiting
             log.warning("group commit failed (sent again while waiting for trajectories): %s", exc)
-            self._group_commit_retry_at = time.monotonic() + GROUP_COMMIT_RETRY_S
 
     # ---- the loop ------------------------------------------------------------------------
     def next_batch(self, stop: threading.Event, wait_s: float) -> list | None:

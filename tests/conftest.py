@@ -36,6 +36,7 @@ def _shared_cache() -> Path:
 
     root = Path(os.environ.get("KRL_TEST_SHARED_CACHE") or Path(Config().broker.cache_dir).expanduser() / "test-shared")
     root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)  # as the worker keeps its own caches' parents: no sandbox user may walk into them
     return root
 
 

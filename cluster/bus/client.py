@@ -351,6 +351,16 @@ class Consumer:
             targets[tp] = nxt
         return self._commit_offsets(targets, sync=sync) if targets else True
 
+    def commit_positions(self, topic: str, positions: dict[int, int], timeout_ms: int | None = None) -> bool:
+        """Commit explicit next offsets ({partition: offset}) of ``topic``, synchronously: a position kept
+        elsewhere (the learner's checkpoint). One that fails is kept and sent again at an idle poll
+        (``recommit_failed``), as every other commit."""
+        from kafka import TopicPartition
+
+        full = self.bus.topic(topic)
+        targets = {TopicPartition(full, p): o for p, o in positions.items()}
+        return self._commit_offsets(targets, sync=True, timeout_ms=timeout_ms) if targets else True
+
     def _commit_offsets(self, targets: dict, sync: bool, timeout_ms: int | None = None) -> bool:
         from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
         from kafka.structs import OffsetAndMetadata

@@ -5,8 +5,8 @@ Flags are torch.utils.cpp_extension's (torch + Python include dirs, ``-DTORCH_EX
 torch_cuda/cudart on CUDA) plus the backend's own (sandbox.cpu_flags, sandbox.cuda_arch). The precompiled
 header of ``torch/extension.h`` is built once per (torch, compiler, flags) under
 ``<sandbox.pch_cache_dir>/<key>/`` (default ``<artifact cache>/pch``; in the build sandbox, then renamed into
-place) and bound read-only into
-every later build; GCC ignores a PCH whose flags differ (``-Winvalid-pch`` says so in the log).
+place) and bound read-only into every later build; GCC ignores a PCH whose flags differ (``-Winvalid-pch`` says so
+in the log).
 """
 from __future__ import annotations
 

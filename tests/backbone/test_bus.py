@@ -140,24 +140,6 @@ def test_fuzzed_bytes_never_crash_a_consumer_and_land_in_the_dlq(cfg):
     assert seen_letters and all(d.source_topic == cfg.topic(T.TASKS) and d.error for d in seen_letters)
 
 
-class _Member(threading.Thread):
-    """A consumer-group member polling on its own thread, committing what it gets."""
-
-    def __init__(self, bus, name: str):
-        super().__init__(daemon=True, name=name)
-        self.bus, self.records, self.stop = bus, [], threading.Event()
-        self.consumer = bus.consumer([T.TASKS], group_id="split", client_id=name)
-        self.assigned: set = set()
-
-    def run(self):
-        while not self.stop.is_set():
-            for rec in self.consumer.poll(timeout_s=0.1):
-                self.records.append(rec)
-                self.consumer.commit(rec)
-            self.assigned = self.consumer.assignment()
-        self.consumer.close()
-
-
 def _wait(pred, timeout_s=30.0, what="condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -167,10 +149,47 @@ def _wait(pred, timeout_s=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class _Owner(threading.Thread):
+    """A member of group ``group`` polling on its own thread as serve() does (idle: resend and reassert its
+    commits); ``commit_each`` commits every record it gets; ``call(fn)`` runs fn(consumer) on its thread."""
+
+    def __init__(self, bus, name: str, group: str, commit_each: bool):
+        super().__init__(daemon=True, name=name)
+        self.consumer = bus.consumer([T.TASKS], group_id=group, client_id=name)
+        self.records, self.assigned, self.commit_each = [], set(), commit_each
+        self.stop, self._todo = threading.Event(), []
+
+    def call(self, fn, timeout_s: float = 30.0):
+        box: list = []
+        self._todo.append((fn, box))
+        _wait(lambda: bool(box), timeout_s=timeout_s, what=f"{self.name} to run a call")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def run(self):
+        while not self.stop.is_set():
+            got = self.consumer.poll(timeout_s=0.1)
+            for rec in got:
+                self.records.append(rec)
+                if self.commit_each:
+                    self.consumer.commit(rec)
+            if not got:
+                self.consumer.recommit_failed()
+            self.assigned = self.consumer.assignment()
+            while self._todo:
+                fn, box = self._todo.pop(0)
+                try:
+                    box.append(fn(self.consumer))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    box.append(exc)
+        self.consumer.close()
+
+
 def test_group_of_two_splits_partitions_and_rebalances_when_one_leaves(make_cfg):
     cfg = make_cfg(topics__partitions=4)
     bus = Bus(cfg, client_id="grp")
-    a, b = _Member(bus, "a"), _Member(bus, "b")
+    a, b = _Owner(bus, "a", "split", True), _Owner(bus, "b", "split", True)
     a.start()
     _wait(lambda: len(a.assigned) == 4, what="a owning all 4 partitions")
     b.start()
@@ -242,7 +261,7 @@ def test_a_commit_refused_by_a_rebalance_is_sent_again_when_the_partition_stays(
     monkeypatch.setattr(a.kafka, *patch(a.kafka))
     assert a.commit(sync=refuse != "async") is (refuse == "async")  # a refused sync commit says so; no exception
     monkeypatch.undo()
-    b = _Member(bus, "b")
+    b = _Owner(bus, "b", "split", True)
     b.consumer.close()
     b.consumer = bus.consumer([T.TASKS], group_id="rejoin", client_id="b")
     b.start()
@@ -388,43 +407,6 @@ def test_a_failed_commit_is_never_sent_again_over_a_newer_one(make_cfg, monkeypa
     assert committed_offsets(bus, bus.group("reorder"), T.TASKS).get(0) == 2, "the refused offset went over the newer"
     c.close()
     bus.close()
-
-
-class _Owner(threading.Thread):
-    """A member of group ``group`` polling on its own thread as serve() does (idle: resend and reassert its
-    commits); ``commit_each`` commits every record it gets; ``call(fn)`` runs fn(consumer) on its thread."""
-
-    def __init__(self, bus, name: str, group: str, commit_each: bool):
-        super().__init__(daemon=True, name=name)
-        self.consumer = bus.consumer([T.TASKS], group_id=group, client_id=name)
-        self.records, self.assigned, self.commit_each = [], set(), commit_each
-        self.stop, self._todo = threading.Event(), []
-
-    def call(self, fn, timeout_s: float = 30.0):
-        box: list = []
-        self._todo.append((fn, box))
-        _wait(lambda: bool(box), timeout_s=timeout_s, what=f"{self.name} to run a call")
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
-
-    def run(self):
-        while not self.stop.is_set():
-            got = self.consumer.poll(timeout_s=0.1)
-            for rec in got:
-                self.records.append(rec)
-                if self.commit_each:
-                    self.consumer.commit(rec)
-            if not got:
-                self.consumer.recommit_failed()
-            self.assigned = self.consumer.assignment()
-            while self._todo:
-                fn, box = self._todo.pop(0)
-                try:
-                    box.append(fn(self.consumer))
-                except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    box.append(exc)
-        self.consumer.close()
 
 
 def test_a_moved_partition_is_not_committed_by_its_old_member_and_a_rewind_heals(make_cfg, monkeypatch):

@@ -1,7 +1,7 @@
 """The learner's group commit feeds the task feeder's gate on the trajectory backlog (its lag): one that fails (the
-coordinator killed under it) is sent again while the learner waits for trajectories, or the gate could stay shut and
-no episode would come. Pure logic, with a consumer that refuses the first commit (the real broker's side of a
-resent commit: tests/backbone/test_bus.py::test_a_sync_commit_that_fails_is_sent_again_when_idle)."""
+coordinator killed under it) is kept by the bus consumer and sent again while the learner waits for trajectories,
+or the gate could stay shut and no episode would come. On the real broker, with the learner's own kind of consumer
+(its partitions assigned, positions committed for the group); the failure injected: one commit that times out."""
 from __future__ import annotations
 
 import threading
@@ -11,23 +11,33 @@ from types import SimpleNamespace
 from kafka.errors import KafkaTimeoutError
 
 from learner import role
+from schemas import topics
 
 
-def test_a_failed_group_commit_is_sent_again_while_the_learner_waits(monkeypatch):
-    sent = []
+def test_a_failed_group_commit_is_sent_again_while_the_learner_waits(make_cfg, monkeypatch):
+    from cluster.bus.client import Bus
+    from cluster.bus.scan import committed_offsets
 
-    def commit(offsets, timeout_ms=None):
-        sent.append({tp.partition: om.offset for tp, om in offsets.items()})
-        if len(sent) == 1:
-            raise KafkaTimeoutError("coordinator away")
-
+    bus = Bus(make_cfg(), client_id="group-commit")
     learner = object.__new__(role.LearnerRole)  # only what the group commit and the wait touch
-    learner.consumer = SimpleNamespace(kafka=SimpleNamespace(commit=commit), poll=lambda timeout_s: time.sleep(0.01) or [])
-    learner.bus = SimpleNamespace(topic=lambda t: f"run.{t}")
+    learner.bus = bus
     learner.ingest = SimpleNamespace(positions={0: 5, 1: 7}, ready=lambda: 0)
-    learner._group_commit_retry_at = None
-    monkeypatch.setattr(role, "GROUP_COMMIT_RETRY_S", 0.05)
-    learner._commit_group()
-    assert sent == [{0: 5, 1: 7}] and learner._group_commit_retry_at is not None
-    learner._fill(1, time.monotonic() + 0.5, threading.Event())
-    assert sent == [{0: 5, 1: 7}] * 2 and learner._group_commit_retry_at is None
+    learner.consumer = bus.consumer([topics.TRAJECTORIES], bus.group(role.GROUP),
+                                    assign=[(topics.TRAJECTORIES, p) for p in (0, 1)])
+    real_commit = learner.consumer.kafka.commit
+    calls = []
+
+    def commit_once_refused(offsets, timeout_ms=None):
+        calls.append(timeout_ms)
+        if len(calls) == 1:
+            raise KafkaTimeoutError("coordinator away")
+        return real_commit(offsets, timeout_ms=timeout_ms)
+
+    monkeypatch.setattr(learner.consumer.kafka, "commit", commit_once_refused)
+    learner._commit_group()  # logged, never raised: a step does not fail for it
+    assert committed_offsets(bus, bus.group(role.GROUP), topics.TRAJECTORIES) == {0: 0, 1: 0}  # none yet
+    learner._fill(1, time.monotonic() + 3.0, threading.Event())  # waiting for trajectories: idle polls resend it
+    assert committed_offsets(bus, bus.group(role.GROUP), topics.TRAJECTORIES) == {0: 5, 1: 7}
+    assert calls[0] == role.GROUP_COMMIT_TIMEOUT_MS and len(calls) >= 2
+    learner.consumer.close()
+    bus.close()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tests.conftest import SHARED_SANDBOX
 from tests.sandbox.helpers import GEMM_TASK, RELU_TASK, ROOT, relu_solution, relu_with_body, relu_with_forward
 
 # ---------------------------------------------------------------- tasks (name -> (KernelBench file, shape constants))
@@ -588,6 +589,7 @@ SHARED = [
               {str(ROOT / 'sandbox_workers' / 'judge.py')!r}, {str(ROOT / '.git')!r}, {str(ROOT / 'cluster')!r},
               "/root/.cache", "/root/.ssh",
               {str(ctx.ref_root)!r}, {str(ctx.artifact_root)!r}, "/job/judge", "/krl/sandbox_workers/judge.py",
+              {SHARED_SANDBOX["inductor_cache_dir"]!r}, {SHARED_SANDBOX["pch_cache_dir"]!r},
               "/krl/sandbox_workers/evaluator.py", "/krl/cluster"]
         _SEEN = []
         for _p in _P:
