@@ -228,6 +228,11 @@ class SandboxConfig:
     # timing the reference (one exclusive section less per job); false: every job times it again (for measuring
     # what the cached time saves, docs/oracle-gpu.md)
     reference_time_from_baselines: bool = True
+    # CUDA: a session's remote process makes its CUDA context as its job starts, while the judge makes its own and
+    # builds the reference (host work for both; the remote is frozen like any candidate while another job is
+    # timed), instead of inside the judge's first shared hold of the device (false: the older order, for measuring
+    # what it saves: docs/oracle-gpu.md, session 24)
+    remote_context_first: bool = True
     seed: int = 42
     reference_timeout_s: float = 900.0  # the trusted reference run: includes torch.compile's first compile
     # OS sandbox of untrusted code (bubblewrap: own user, mounts, PIDs, no network, seccomp); workers refuse to

@@ -268,7 +268,8 @@ class Evaluator:
                 "threads": cpuset.threads(sb.cpu_threads) if self.backend == "cpu" else 0,
                 "runtime": self._runtime_kwargs(), "timing": self._timing_spec() if timing else None,
                 "lead_cycles": max(0, sb.cuda_lead_us) * 2000 if self.backend == "cuda" else 0,
-                "device_arena": self.backend == "cuda" and sb.cuda_device_arena}
+                "device_arena": self.backend == "cuda" and sb.cuda_device_arena,
+                "remote_context_first": sb.remote_context_first}
         return spec
 
     def _take(self, role: str) -> Session:

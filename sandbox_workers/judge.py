@@ -77,13 +77,33 @@ class Judge:
         # the worker's device gate (device_gate.py): shared around untimed device work, exclusive around timing
         self.gate = device_gate.client_from_env()
         self.spike_plan: list | None = None  # plan_spikes(): per input, (scale, sign) or None; None: no spikes
+        self.ahead: list[dict] = []  # messages sent with send_ahead whose replies are not read yet, oldest first
+        self.ahead_replies: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
     def ask(self, msg: dict) -> dict:
+        self.take_ahead()
         self.ch.send(msg)
+        return self._reply(msg)
+
+    def send_ahead(self, msg: dict) -> None:
+        """Send ``msg`` now and take its reply later (`take_ahead`, or the next `ask`): the remote works on it
+        while this side does something else."""
+        self.ch.send(msg)
+        self.ahead.append(msg)
+
+    def take_ahead(self) -> None:
+        """The replies of every message sent ahead, in order (kept in ``ahead_replies`` by op, with the seconds
+        this side waited for each)."""
+        while self.ahead:
+            msg, t0 = self.ahead.pop(0), time.monotonic()
+            reply = self._reply(msg)
+            self.ahead_replies[msg["op"]] = dict(reply, waited_s=round(time.monotonic() - t0, 6))
+
+    def _reply(self, msg: dict) -> dict:
         try:
             reply = self.ch.recv(timeout=self.left())
         except wire.PeerTimeout as exc:
@@ -726,7 +746,16 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         hello = ch.recv(timeout=float(spec.get("startup_timeout_s", 120)))
     except wire.ProtocolError as exc:
         return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
+    # the remote makes its CUDA context while this side makes its own and builds the reference: host work for
+    # both, done before the device gate is asked for (docs/oracle-gpu.md, session 24)
+    ahead = [{"op": "cuda"}] if spec.get("backend") == "cuda" and spec.get("remote_context_first", True) else []
+    try:
+        for msg in ahead:
+            ch.send(msg)
+    except wire.ProtocolError as exc:
+        return {"ok": False, "infra": True, "error": f"the model's process went away after it started: {exc}"}
     judge = Judge(spec, ch, arena, sock)
+    judge.ahead.extend(ahead)
     made.append(judge)
     result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
               "clock": judge.runtime.clock_info(), "variants": {}, "phases": phases.done}
@@ -747,6 +776,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
             # nothing to time here, and the candidate times in the batch of the judge that last measured the baselines
             judge.t_ref, result["t_ref_source"] = float(cached), "baselines"
         elif spec.get("timing"):  # the reference's time sizes the batch, then the probe: timed, so alone
+            judge.take_ahead()  # nothing of this session's may run beside its own timing
             judge.gate.acquire(device_gate.EXCLUSIVE, "time_reference+probe", judge)
             judge.t_ref = judge.time_reference()  # before the remote loads any model (see batch_size)
             result["t_ref_source"] = "measured"
@@ -756,6 +786,10 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
     try:
         judge.setup_device_arena(spec.get("timing"))
+        judge.take_ahead()  # (already taken where the arena was mapped)
+        if "cuda" in judge.ahead_replies:  # what the remote's context took, and how much of it this side waited
+            phases.done["remote_context"] = {"made_s": judge.ahead_replies["cuda"].get("s", 0.0),
+                                             "waited_s": judge.ahead_replies["cuda"]["waited_s"]}
         result["arena"] = "device" if judge.darena is not None else "host"
         phases.mark("device_arena_s")
     except Exception as exc:  # noqa: BLE001 - no model code has run yet: not the candidate's fault

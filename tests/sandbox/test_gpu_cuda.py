@@ -114,6 +114,9 @@ def test_honest_cuda_verify_and_evidence(cuda_ev, task):
     assert res["evidence"]["checks"] >= 5
     clock = res["evidence"]["clock"]
     assert clock.get("uuid", "").startswith("GPU-") and clock["sm_clock_mhz"] > 0, clock
+    # the remote made its CUDA context as the job started, before the judge's first hold of the device
+    made = res["evidence"]["phases"]["candidate"]["remote_context"]
+    assert made["made_s"] > 0 and made["waited_s"] >= 0, made
 
 
 def test_torch_compute_static_cuda(cuda_ev, task):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
 import torch
 
 from sandbox_workers import judge as judge_mod
@@ -147,6 +148,8 @@ STREAM_PY = '''
 import threading
 
 import pytest
+
+import pytest
 import torch
 import torch.nn as nn
 import krl
@@ -204,3 +207,31 @@ def write_stream_attack(path: str) -> None:
     (d / "kernels").mkdir(parents=True, exist_ok=True)
     (d / "model_new.py").write_text(STREAM_PY)
     (d / "kernels" / "stream.cpp").write_text(STREAM_CPP)
+
+
+def test_a_message_sent_ahead_has_its_reply_taken_before_the_next_ask(tmp_path):
+    """`Judge.send_ahead` (the remote's CUDA context made while the judge starts): its reply is read in order before
+    the next question's, and a failed one is the remote's failure like any other reply."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    path = str(tmp_path / "arena")
+    judge_arena = wire.Arena(path, size=1 << 20)
+    remote = serve.Remote("baseline", wire.Channel(r1, w2), wire.Arena(path))
+    remote.seccomp = False
+    th = threading.Thread(target=lambda: _serve(remote), daemon=True)
+    th.start()
+    ch = wire.Channel(r2, w1)
+    assert ch.recv(timeout=30)["op"] == "ready"
+    threads = torch.get_num_threads()
+    j = judge_mod.Judge({"deadline_s": 120, "backend": "cpu", "runtime": {"flush_mb": 1, "threads": 1}}, ch,
+                        judge_arena)
+    j.send_ahead({"op": "echo", "device": "cpu", "outs": [{"shape": [2], "dtype": "float32"}]})
+    with pytest.raises(judge_mod.RemoteFailed, match="unknown op 'nope'"):
+        j.ask({"op": "nope"})  # its own reply, not the echo's
+    assert j.ahead == [] and j.ahead_replies["echo"]["ok"] is True and j.ahead_replies["echo"]["waited_s"] >= 0
+    j.send_ahead({"op": "also-nope"})
+    with pytest.raises(judge_mod.RemoteFailed, match="unknown op 'also-nope'"):
+        j.take_ahead()
+    ch.send({"op": "exit"})
+    th.join(timeout=30)
+    torch.set_num_threads(threads)
