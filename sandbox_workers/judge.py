@@ -56,10 +56,17 @@ class RemoteFailed(Exception):
 
 
 class Judge:
-    def __init__(self, spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None = None):
+    def __init__(self, spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | None = None,
+                 ahead: tuple[dict, ...] = ()):
+        """``ahead``: messages sent to the remote before this side makes its runtime (its CUDA context), so the
+        remote works on them meanwhile (`send_ahead`)."""
         from sandbox_workers.backends import get_runtime
 
         self.spec, self.ch, self.arena = spec, ch, arena
+        self.ahead: list[dict] = []  # messages sent with send_ahead whose replies are not read yet, oldest first
+        self.ahead_replies: dict[str, dict] = {}
+        for msg in ahead:
+            self.send_ahead(msg)
         self.deadline = time.monotonic() + float(spec["deadline_s"])
         self.runtime = get_runtime(spec["backend"], **spec.get("runtime", {}))
         self.device = self.runtime.device
@@ -77,8 +84,6 @@ class Judge:
         # the worker's device gate (device_gate.py): shared around untimed device work, exclusive around timing
         self.gate = device_gate.client_from_env()
         self.spike_plan: list | None = None  # plan_spikes(): per input, (scale, sign) or None; None: no spikes
-        self.ahead: list[dict] = []  # messages sent with send_ahead whose replies are not read yet, oldest first
-        self.ahead_replies: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ setup
     def left(self) -> float:
@@ -748,14 +753,11 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         return {"ok": False, "infra": False, "error": f"the model's process did not start: {exc}"}
     # the remote makes its CUDA context while this side makes its own and builds the reference: host work for
     # both, done before the device gate is asked for (docs/oracle-gpu.md, session 24)
-    ahead = [{"op": "cuda"}] if spec.get("backend") == "cuda" and spec.get("remote_context_first", True) else []
+    ahead = ({"op": "cuda"},) if spec.get("backend") == "cuda" and spec.get("remote_context_first", True) else ()
     try:
-        for msg in ahead:
-            ch.send(msg)
+        judge = Judge(spec, ch, arena, sock, ahead=ahead)
     except wire.ProtocolError as exc:
         return {"ok": False, "infra": True, "error": f"the model's process went away after it started: {exc}"}
-    judge = Judge(spec, ch, arena, sock)
-    judge.ahead.extend(ahead)
     made.append(judge)
     result = {"ok": True, "remote_pid": hello.get("pid"), "versions": versions(judge.runtime),
               "clock": judge.runtime.clock_info(), "variants": {}, "phases": phases.done}
@@ -786,7 +788,7 @@ def _run(spec: dict, ch: wire.Channel, arena: wire.Arena, sock: socket.socket | 
         return {"ok": False, "infra": True, "error": "reference failed: " + _err(exc)}
     try:
         judge.setup_device_arena(spec.get("timing"))
-        judge.take_ahead()  # (already taken where the arena was mapped)
+        judge.take_ahead()  # where no device arena was mapped (its "darena" question takes it otherwise)
         if "cuda" in judge.ahead_replies:  # what the remote's context took, and how much of it this side waited
             phases.done["remote_context"] = {"made_s": judge.ahead_replies["cuda"].get("s", 0.0),
                                              "waited_s": judge.ahead_replies["cuda"]["waited_s"]}

@@ -223,9 +223,9 @@ def test_a_message_sent_ahead_has_its_reply_taken_before_the_next_ask(tmp_path):
     ch = wire.Channel(r2, w1)
     assert ch.recv(timeout=30)["op"] == "ready"
     threads = torch.get_num_threads()
+    # sent as the judge is made, before its runtime (as `_run` sends the remote's "cuda")
     j = judge_mod.Judge({"deadline_s": 120, "backend": "cpu", "runtime": {"flush_mb": 1, "threads": 1}}, ch,
-                        judge_arena)
-    j.send_ahead({"op": "echo", "device": "cpu", "outs": [{"shape": [2], "dtype": "float32"}]})
+                        judge_arena, ahead=({"op": "echo", "device": "cpu", "outs": [{"shape": [2], "dtype": "float32"}]},))
     with pytest.raises(judge_mod.RemoteFailed, match="unknown op 'nope'"):
         j.ask({"op": "nope"})  # its own reply, not the echo's
     assert j.ahead == [] and j.ahead_replies["echo"]["ok"] is True and j.ahead_replies["echo"]["waited_s"] >= 0
